@@ -1,0 +1,60 @@
+"""SQL stores for atmostonce: PostgreSQL (production) and SQLite (embedded default).
+
+``open_store(url)`` builds a :class:`SqlStore` for ``sqlite:///path`` or
+``postgresql://...`` URLs and applies migrations unless ``migrate=False``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from .migrate import upgrade
+from .store import SqlStore
+
+__all__ = ["SqlStore", "make_engine", "open_store", "upgrade"]
+
+
+def normalize_url(url: str) -> str:
+    """Map ``postgres://`` and ``postgresql://`` to the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str, *, pool_size: int = 8) -> Engine:
+    """An engine configured for the store: SQLite in WAL with ``BEGIN IMMEDIATE`` transactions
+    (write serialization), PostgreSQL through psycopg 3 with a connection pool."""
+    url = normalize_url(url)
+    if url.startswith("sqlite"):
+        engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @sa.event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if url.startswith("postgresql"):
+        return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+    raise ValueError(f"unsupported database URL {url!r}: use sqlite:///path or postgresql://...")
+
+
+def open_store(url: str, *, migrate: bool = True, pool_size: int = 8, **kw: Any) -> SqlStore:
+    """Open a store at ``url``; raises ``ValueError`` for an unsupported URL, ``StoreError`` on driver errors."""
+    engine = make_engine(url, pool_size=pool_size)
+    if migrate:
+        upgrade(engine)
+    return SqlStore(engine, **kw)

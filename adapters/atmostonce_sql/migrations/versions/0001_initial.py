@@ -1,0 +1,137 @@
+"""Initial schema: intents, append-only attempts, outcomes, history, reconciliations.
+
+Revision ID: 0001
+Revises:
+"""
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+SEQ = sa.BigInteger().with_variant(sa.Integer, "sqlite")
+APPEND_ONLY = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations")
+
+
+def upgrade() -> None:
+    dialect = op.get_bind().dialect.name
+    op.create_table(
+        "aom_intents",
+        sa.Column("key", sa.Text, primary_key=True),
+        sa.Column("account", sa.Text, nullable=False),
+        sa.Column("action_kind", sa.Text, nullable=False),
+        sa.Column("target", sa.Text, nullable=False),
+        sa.Column("request", JSONType, nullable=False),
+        sa.Column("request_digest", sa.Text, nullable=False),
+        sa.Column("state", sa.Text, nullable=False),
+        sa.Column("prev_state", sa.Text, nullable=True),
+        sa.Column("attempt_count", sa.Integer, nullable=False),
+        sa.Column("max_attempts", sa.Integer, nullable=False),
+        sa.Column("attempt_token", sa.Text, nullable=True),
+        sa.Column("prev_attempt_token", sa.Text, nullable=True),
+        sa.Column("generation", sa.BigInteger, nullable=True),
+        sa.Column("lease_expires_at", sa.Float(53), nullable=True),
+        sa.Column("remote_id", sa.Text, nullable=True),
+        sa.Column("reconcile_count", sa.Integer, nullable=False),
+        sa.Column("max_reconciles", sa.Integer, nullable=False),
+        sa.Column("resend_epoch", sa.Integer, nullable=False),
+        sa.Column("descriptor", JSONType, nullable=True),
+        sa.Column("normalizer_version", sa.Integer, nullable=False),
+        sa.Column("created_at", sa.Float(53), nullable=False),
+        sa.Column("updated_at", sa.Float(53), nullable=False),
+    )
+    op.create_index(
+        "aom_intents_lease_due",
+        "aom_intents",
+        ["lease_expires_at"],
+        postgresql_where=sa.text("lease_expires_at IS NOT NULL"),
+        sqlite_where=sa.text("lease_expires_at IS NOT NULL"),
+    )
+    op.create_index("aom_intents_state", "aom_intents", ["state", "created_at"])
+    op.create_table(
+        "aom_attempts",
+        sa.Column("attempt_token", sa.Text, primary_key=True),
+        sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+        sa.Column("number", sa.Integer, nullable=False),
+        sa.Column("generation", sa.BigInteger, nullable=False),
+        sa.Column("request_digest", sa.Text, nullable=False),
+        sa.Column("opened_at", sa.Float(53), nullable=False),
+        sa.UniqueConstraint("key", "number", name="aom_attempts_key_number"),
+        sa.UniqueConstraint("generation", name="aom_attempts_generation"),
+    )
+    op.create_table(
+        "aom_attempt_outcomes",
+        sa.Column("seq", SEQ, sa.Identity(), primary_key=True),
+        sa.Column("attempt_token", sa.Text, sa.ForeignKey("aom_attempts.attempt_token"), nullable=False),
+        sa.Column("outcome", sa.Text, nullable=False),
+        sa.Column("recorded_at", sa.Float(53), nullable=False),
+        sqlite_autoincrement=True,
+    )
+    op.create_table(
+        "aom_history",
+        sa.Column("seq", SEQ, sa.Identity(), primary_key=True),
+        sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+        sa.Column("event", sa.Text, nullable=False),
+        sa.Column("actor", sa.Text, nullable=False),
+        sa.Column("from_state", sa.Text, nullable=True),
+        sa.Column("to_state", sa.Text, nullable=False),
+        sa.Column("attempt_token", sa.Text, nullable=True),
+        sa.Column("generation", sa.BigInteger, nullable=True),
+        sa.Column("detail", JSONType, nullable=False),
+        sa.Column("recorded_at", sa.Float(53), nullable=False),
+        sqlite_autoincrement=True,
+    )
+    op.create_index("aom_history_key_seq", "aom_history", ["key", "seq"])
+    op.create_table(
+        "aom_reconciliations",
+        sa.Column("seq", SEQ, sa.Identity(), primary_key=True),
+        sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+        sa.Column("result", sa.Text, nullable=False),
+        sa.Column("remote_id", sa.Text, nullable=True),
+        sa.Column("recorded_at", sa.Float(53), nullable=False),
+        sqlite_autoincrement=True,
+    )
+    op.create_index("aom_reconciliations_key_seq", "aom_reconciliations", ["key", "seq"])
+    op.create_table(
+        "aom_sequences",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("value", sa.BigInteger, nullable=False),
+    )
+    op.execute("INSERT INTO aom_sequences (name, value) VALUES ('generation', 0)")
+
+    if dialect == "postgresql":
+        op.execute("CREATE SEQUENCE aom_generation AS bigint START 1")
+        op.execute(
+            """
+            CREATE FUNCTION aom_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+              RAISE EXCEPTION 'atmostonce: % on append-only table % refused', TG_OP, TG_TABLE_NAME
+                USING ERRCODE = 'insufficient_privilege';
+            END $$
+            """
+        )
+        for t in APPEND_ONLY:
+            op.execute(
+                f"CREATE TRIGGER {t}_append_only BEFORE UPDATE OR DELETE ON {t} "
+                "FOR EACH ROW EXECUTE FUNCTION aom_refuse_change()"
+            )
+            op.execute(
+                f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION aom_refuse_change()"
+            )
+    else:
+        for t in APPEND_ONLY:
+            for what in ("UPDATE", "DELETE"):
+                op.execute(
+                    f"CREATE TRIGGER {t}_no_{what.lower()} BEFORE {what} ON {t} "
+                    f"BEGIN SELECT RAISE(ABORT, 'atmostonce: {what} on append-only table {t} refused'); END"
+                )
+
+
+def downgrade() -> None:
+    raise RuntimeError("atmostonce migrations are forward-only: history is append-only")

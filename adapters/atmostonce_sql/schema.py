@@ -1,0 +1,119 @@
+"""The declared schema (SQLAlchemy Core). Migrations must build exactly this (tested).
+
+Times are ``double precision`` seconds since the Unix epoch from the database
+clock; history is ordered by ``seq`` (a store-assigned identity), never by time.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+__all__ = [
+    "APPEND_ONLY_TABLES",
+    "attempt_outcomes",
+    "attempts",
+    "history",
+    "intents",
+    "metadata",
+    "reconciliations",
+    "sequences",
+]
+
+metadata = sa.MetaData()
+
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+intents = sa.Table(
+    "aom_intents",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("account", sa.Text, nullable=False),
+    sa.Column("action_kind", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("request", JSONType, nullable=False),
+    sa.Column("request_digest", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("prev_state", sa.Text, nullable=True),
+    sa.Column("attempt_count", sa.Integer, nullable=False),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("attempt_token", sa.Text, nullable=True),
+    sa.Column("prev_attempt_token", sa.Text, nullable=True),
+    sa.Column("generation", sa.BigInteger, nullable=True),
+    sa.Column("lease_expires_at", sa.Float(53), nullable=True),
+    sa.Column("remote_id", sa.Text, nullable=True),
+    sa.Column("reconcile_count", sa.Integer, nullable=False),
+    sa.Column("max_reconciles", sa.Integer, nullable=False),
+    sa.Column("resend_epoch", sa.Integer, nullable=False),
+    sa.Column("descriptor", JSONType, nullable=True),
+    sa.Column("normalizer_version", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float(53), nullable=False),
+    sa.Column("updated_at", sa.Float(53), nullable=False),
+    sa.Index("aom_intents_lease_due", "lease_expires_at", postgresql_where=sa.text("lease_expires_at IS NOT NULL"),
+             sqlite_where=sa.text("lease_expires_at IS NOT NULL")),
+    sa.Index("aom_intents_state", "state", "created_at"),
+)
+
+attempts = sa.Table(
+    "aom_attempts",
+    metadata,
+    sa.Column("attempt_token", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+    sa.Column("number", sa.Integer, nullable=False),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+    sa.Column("request_digest", sa.Text, nullable=False),
+    sa.Column("opened_at", sa.Float(53), nullable=False),
+    sa.UniqueConstraint("key", "number", name="aom_attempts_key_number"),
+    sa.UniqueConstraint("generation", name="aom_attempts_generation"),
+    sqlite_autoincrement=False,
+)
+
+attempt_outcomes = sa.Table(
+    "aom_attempt_outcomes",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("attempt_token", sa.Text, sa.ForeignKey("aom_attempts.attempt_token"), nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sqlite_autoincrement=True,
+)
+
+history = sa.Table(
+    "aom_history",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+    sa.Column("event", sa.Text, nullable=False),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("from_state", sa.Text, nullable=True),
+    sa.Column("to_state", sa.Text, nullable=False),
+    sa.Column("attempt_token", sa.Text, nullable=True),
+    sa.Column("generation", sa.BigInteger, nullable=True),
+    sa.Column("detail", JSONType, nullable=False),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sa.Index("aom_history_key_seq", "key", "seq"),
+    sqlite_autoincrement=True,
+)
+
+reconciliations = sa.Table(
+    "aom_reconciliations",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+    sa.Column("result", sa.Text, nullable=False),
+    sa.Column("remote_id", sa.Text, nullable=True),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sa.Index("aom_reconciliations_key_seq", "key", "seq"),
+    sqlite_autoincrement=True,
+)
+
+# SQLite has no SEQUENCE; this one-row-per-name table stands in for it (PostgreSQL
+# uses CREATE SEQUENCE aom_generation). Truncating aom_intents does not reset it.
+sequences = sa.Table(
+    "aom_sequences",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+APPEND_ONLY_TABLES = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations")

@@ -1,0 +1,336 @@
+"""SQL store on SQLAlchemy 2 Core: PostgreSQL (psycopg 3, pooled) and SQLite (stdlib).
+
+Every transition is one short transaction around one conditional write:
+``UPDATE aom_intents SET ... WHERE key = :key AND state IN (<sources from the
+table>) AND <guard fragments from the table> RETURNING *``. Zero rows means
+refused: a follow-up ``SELECT`` evaluates each guard fragment to name the one
+that refused, and nothing is written. On success the append-only rows
+(attempt, attempt outcome, history, reconciliation) are inserted in the same
+transaction. Lease deadlines are computed and judged by the database clock.
+
+Errors: :class:`~atmostonce.errors.Rejected` subclasses for refused moves,
+:class:`~atmostonce.errors.IntakeError` for bad input,
+:class:`~atmostonce.errors.StoreError` (and ``AppendOnlyViolation``) for
+driver errors, which are mapped, never leaked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Iterator, Mapping
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from atmostonce.errors import (
+    AppendOnlyViolation,
+    GuardRefused,
+    IllegalMove,
+    Rejected,
+    StoreError,
+    UnknownIntent,
+)
+from atmostonce.identity import attempt_token
+from atmostonce.records import Attempt, HistoryEntry, Intent, Reconciliation, Submission
+from atmostonce.store import Operations
+from atmostonce.table import Table
+from atmostonce.table import table as default_table
+
+from .guards import SQL_GUARDS
+from .schema import attempt_outcomes, attempts, history, intents, reconciliations, sequences
+
+__all__ = ["SqlStore"]
+
+_HISTORY_DETAIL = ("reason", "remote_id", "response_digest", "operator", "fenced", "result", "descriptor")
+_INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
+
+
+def db_now(dialect: str) -> sa.ColumnElement:
+    """The database clock in float seconds since the epoch."""
+    if dialect == "postgresql":
+        return sa.literal_column("extract(epoch from clock_timestamp())::double precision", sa.Float(53))
+    return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float(53))
+
+
+class SqlStore(Operations):
+    """A store on an SQLAlchemy engine (``postgresql`` or ``sqlite`` dialect).
+
+    Build one with :func:`atmostonce_sql.open_store`. Thread-safe: each
+    operation checks a connection out of the engine's pool.
+    """
+
+    def __init__(self, engine: Engine, table: Table | None = None, *, max_payload_bytes: int | None = None):
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        if self.dialect not in ("postgresql", "sqlite"):
+            raise StoreError(f"unsupported dialect {self.dialect!r}")
+        self.table = table or default_table()
+        if max_payload_bytes is not None:
+            self.max_payload_bytes = max_payload_bytes
+        self._now = db_now(self.dialect)
+        self._disabled_guards: frozenset[str] = frozenset()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- plumbing -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except Rejected:
+            raise
+        except sa.exc.DBAPIError as exc:
+            msg = str(exc.orig) if exc.orig is not None else str(exc)
+            if "append-only" in msg:
+                raise AppendOnlyViolation(msg) from exc
+            raise StoreError(f"{type(exc.orig).__name__ if exc.orig else 'database error'}: {msg}") from exc
+
+    def now(self) -> float:
+        with self._tx() as conn:
+            return float(conn.execute(sa.select(self._now)).scalar_one())
+
+    def _next_generation(self, conn: Connection) -> sa.ColumnElement | int:
+        if self.dialect == "postgresql":
+            return sa.func.nextval("aom_generation")
+        return conn.execute(
+            sa.update(sequences)
+            .where(sequences.c.name == "generation")
+            .values(value=sequences.c.value + 1)
+            .returning(sequences.c.value)
+        ).scalar_one()
+
+    @staticmethod
+    def _intent(row: Mapping[str, Any]) -> Intent:
+        return Intent(**{k: row[k] for k in _INTENT_FIELDS})
+
+    # -- primitives -----------------------------------------------------------------------
+    def _create(self, sub: Submission) -> tuple[Intent, bool]:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        values = {
+            "key": sub.key,
+            "account": sub.account,
+            "action_kind": sub.action_kind,
+            "target": sub.target,
+            "request": dict(sub.request),
+            "request_digest": sub.request_digest,
+            "state": self.table.initial,
+            "prev_state": None,
+            "attempt_count": 0,
+            "max_attempts": sub.max_attempts,
+            "attempt_token": None,
+            "prev_attempt_token": None,
+            "generation": None,
+            "lease_expires_at": None,
+            "remote_id": None,
+            "reconcile_count": 0,
+            "max_reconciles": sub.max_reconciles,
+            "resend_epoch": 0,
+            "descriptor": None,
+            "normalizer_version": sub.normalizer_version,
+            "created_at": self._now,
+            "updated_at": self._now,
+        }
+        with self._tx() as conn:
+            row = (
+                conn.execute(insert(intents).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(*intents.c))
+                .mappings()
+                .first()
+            )
+            if row is None:
+                existing = conn.execute(sa.select(intents).where(intents.c.key == sub.key)).mappings().one()
+                return self._intent(existing), False
+            self._insert_history(conn, "submit", self.table.event("submit").actor, row, {}, None, None, None)
+            return self._intent(row), True
+
+    def _where(self, ev, key: str, args: Mapping[str, Any]) -> list[sa.ColumnElement]:
+        c = intents.c
+        clauses = [c.key == key, c.state.in_(list(ev.sources))]
+        for g in ev.guards:
+            if g not in self._disabled_guards:
+                clauses.append(SQL_GUARDS[g](c, args, self._now))
+        return clauses
+
+    def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
+        ev = self.table.event(event)
+        c = intents.c
+        with self._tx() as conn:
+            values: dict[str, Any] = {
+                "state": ev.target,
+                "prev_state": c.state,
+                "prev_attempt_token": c.attempt_token,
+                "updated_at": self._now,
+            }
+            for eff in ev.effects:
+                values.update(self._effect_values(conn, eff, args))
+            stmt = sa.update(intents).where(*self._where(ev, key, args)).values(**values).returning(*intents.c)
+            row = conn.execute(stmt).mappings().first()
+            if row is None:
+                raise self._diagnose(conn, ev, key, args)  # the transaction rolls back
+            token, gen = (row["attempt_token"], row["generation"]) if "open_attempt" in ev.effects else (
+                row["prev_attempt_token"],
+                args.get("generation", row["generation"]),
+            )
+            if "open_attempt" in ev.effects:
+                conn.execute(
+                    sa.insert(attempts).values(
+                        attempt_token=row["attempt_token"],
+                        key=key,
+                        number=row["attempt_count"],
+                        generation=row["generation"],
+                        request_digest=row["request_digest"],
+                        opened_at=self._now,
+                    )
+                )
+            if "close_attempt" in ev.effects and row["prev_attempt_token"] is not None:
+                conn.execute(
+                    sa.insert(attempt_outcomes).values(
+                        attempt_token=row["prev_attempt_token"], outcome=event, recorded_at=self._now
+                    )
+                )
+            if "count_reconcile" in ev.effects:
+                conn.execute(
+                    sa.insert(reconciliations).values(
+                        key=key, result=args.get("result", "unknown"), remote_id=args.get("remote_id"), recorded_at=self._now
+                    )
+                )
+            actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
+            self._insert_history(conn, event, actor, row, args, row["prev_state"], token, gen)
+            return self._intent(row)
+
+    def _effect_values(self, conn: Connection, eff: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        c = intents.c
+        if eff == "open_attempt":
+            return {
+                "attempt_count": c.attempt_count + 1,
+                "attempt_token": attempt_token(),
+                "generation": self._next_generation(conn),
+                "lease_expires_at": self._now + float(args["lease_seconds"]),
+            }
+        if eff == "extend_lease":
+            return {"lease_expires_at": self._now + float(args["lease_seconds"])}
+        if eff == "write_descriptor":
+            return {"descriptor": dict(args.get("descriptor") or {})}
+        if eff == "set_remote_id":
+            return {"remote_id": args["remote_id"]}
+        if eff == "close_attempt":
+            return {"attempt_token": None, "lease_expires_at": None}
+        if eff == "count_reconcile":
+            return {"reconcile_count": c.reconcile_count + 1}
+        if eff == "bump_resend_epoch":
+            return {"resend_epoch": c.resend_epoch + 1}
+        raise StoreError(f"effect {eff!r} has no SQL implementation")
+
+    def _diagnose(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> Rejected:
+        c = intents.c
+        cols = [c.state] + [
+            sa.case((SQL_GUARDS[g](c, args, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)
+        ]
+        row = conn.execute(sa.select(*cols).where(c.key == key)).first()
+        if row is None:
+            return UnknownIntent(ev.name, key, "intent_exists", None)
+        if row[0] not in ev.sources:
+            return IllegalMove(ev.name, key, "source_state", row[0])
+        for i, g in enumerate(ev.guards):
+            if not row[i + 1]:
+                return GuardRefused(ev.name, key, g, row[0])
+        return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
+
+    def _insert_history(self, conn, event, actor, row, args, from_state, token, gen) -> None:
+        detail = {k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")}
+        conn.execute(
+            sa.insert(history).values(
+                key=row["key"],
+                event=event,
+                actor=actor,
+                from_state=from_state,
+                to_state=row["state"],
+                attempt_token=token,
+                generation=gen,
+                detail=detail,
+                recorded_at=self._now,
+            )
+        )
+
+    # -- reads ----------------------------------------------------------------------------
+    def find(self, key: str) -> Intent | None:
+        with self._tx() as conn:
+            row = conn.execute(sa.select(intents).where(intents.c.key == key)).mappings().first()
+            return None if row is None else self._intent(row)
+
+    def get(self, key: str) -> Intent:
+        it = self.find(key)
+        if it is None:
+            raise UnknownIntent("get", key, "intent_exists", None)
+        return it
+
+    def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
+        q = sa.select(intents).order_by(intents.c.created_at, intents.c.key).limit(limit)
+        if state is not None:
+            q = q.where(intents.c.state == state)
+        with self._tx() as conn:
+            return [self._intent(r) for r in conn.execute(q).mappings()]
+
+    def count_by_state(self) -> dict[str, int]:
+        out = dict.fromkeys(self.table.states, 0)
+        with self._tx() as conn:
+            for state, n in conn.execute(sa.select(intents.c.state, sa.func.count()).group_by(intents.c.state)):
+                out[state] = n
+        return out
+
+    def history(self, key: str) -> list[HistoryEntry]:
+        q = sa.select(history).where(history.c.key == key).order_by(history.c.seq)
+        with self._tx() as conn:
+            return [
+                HistoryEntry(
+                    r["seq"], r["key"], r["event"], r["actor"], r["from_state"], r["to_state"],
+                    r["attempt_token"], r["generation"], _json(r["detail"]), r["recorded_at"],
+                )
+                for r in conn.execute(q).mappings()
+            ]
+
+    def attempts(self, key: str) -> list[Attempt]:
+        with self._tx() as conn:
+            rows = conn.execute(sa.select(attempts).where(attempts.c.key == key).order_by(attempts.c.number)).mappings().all()
+            outs: dict[str, list[str]] = {}
+            q = (
+                sa.select(attempt_outcomes.c.attempt_token, attempt_outcomes.c.outcome)
+                .join(attempts, attempts.c.attempt_token == attempt_outcomes.c.attempt_token)
+                .where(attempts.c.key == key)
+                .order_by(attempt_outcomes.c.seq)
+            )
+            for tok, outcome in conn.execute(q):
+                outs.setdefault(tok, []).append(outcome)
+        return [
+            Attempt(r["attempt_token"], r["key"], r["number"], r["generation"], r["opened_at"], tuple(outs.get(r["attempt_token"], ())))
+            for r in rows
+        ]
+
+    def reconciliations(self, key: str) -> list[Reconciliation]:
+        q = sa.select(reconciliations).where(reconciliations.c.key == key).order_by(reconciliations.c.seq)
+        with self._tx() as conn:
+            return [Reconciliation(r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"]) for r in conn.execute(q).mappings()]
+
+    def due_leases(self, limit: int = 100) -> list[Intent]:
+        """Intents whose lease expired by the database clock (uses the partial index ``aom_intents_lease_due``)."""
+        q = (
+            sa.select(intents)
+            .where(intents.c.lease_expires_at.is_not(None), intents.c.lease_expires_at <= self._now)
+            .order_by(intents.c.lease_expires_at)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return [self._intent(r) for r in conn.execute(q).mappings()]
+
+    def total_attempts(self) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(attempts)).scalar_one())
+
+
+def _json(v: Any) -> Any:
+    return json.loads(v) if isinstance(v, str) else v

@@ -1,0 +1,156 @@
+"""Static checks over the transition table's graph (seed 004, "The state machine").
+
+Each check is a function ``(Table) -> list[str]`` returning problems (empty
+means it holds). :data:`CHECKS` names them all; :func:`check_table` runs them.
+The broken fixtures in ``tests/fixtures/broken_tables/`` prove each one bites.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+from .table import Table
+
+__all__ = ["CHECKS", "check_table"]
+
+
+def _machine_events(t: Table):
+    return [e for e in t.events.values() if not t.actors[e.actor].human]
+
+
+def references_resolve(t: Table) -> list[str]:
+    """Every name an event or outcome uses is declared."""
+    out = []
+    if t.initial not in t.states:
+        out.append(f"initial state {t.initial!r} is not declared")
+    for e in t.events.values():
+        if e.actor not in t.actors:
+            out.append(f"event {e.name}: unknown actor {e.actor!r}")
+        for s in (*e.sources, e.target):
+            if s not in t.states:
+                out.append(f"event {e.name}: unknown state {s!r}")
+        for g in e.guards:
+            if g not in t.guards:
+                out.append(f"event {e.name}: guard {g!r} is not in the catalogue")
+        for f in e.effects:
+            if f not in t.effects:
+                out.append(f"event {e.name}: effect {f!r} is not in the catalogue")
+    return out
+
+
+def catalogue_used(t: Table) -> list[str]:
+    """Every catalogued guard and effect is named by at least one event."""
+    used_g = {g for e in t.events.values() for g in e.guards}
+    used_f = {f for e in t.events.values() for f in e.effects}
+    return [f"guard {g!r} is catalogued but no event uses it" for g in t.guards if g not in used_g] + [
+        f"effect {f!r} is catalogued but no event uses it" for f in t.effects if f not in used_f
+    ]
+
+
+def outcomes_map_to_states(t: Table) -> list[str]:
+    """Every outcome names a declared event and exactly the state that event lands in."""
+    out = []
+    for o in t.outcomes.values():
+        if o.state not in t.states:
+            out.append(f"outcome {o.name}: state {o.state!r} is not declared")
+        ev = t.events.get(o.event)
+        if ev is None:
+            out.append(f"outcome {o.name}: event {o.event!r} is not declared")
+        elif ev.target != o.state:
+            out.append(f"outcome {o.name}: event {o.event} lands in {ev.target!r}, not {o.state!r}")
+    return out
+
+
+def one_creator(t: Table) -> list[str]:
+    """Exactly one event creates intents, and it creates them in the initial state."""
+    creators = [e for e in t.events.values() if e.creates]
+    if len(creators) != 1:
+        return [f"expected one creating event, found {[e.name for e in creators]}"]
+    if creators[0].target != t.initial:
+        return [f"creating event {creators[0].name} lands in {creators[0].target!r}, not the initial state"]
+    return []
+
+
+def reachable_from_initial(t: Table) -> list[str]:
+    """Every declared state is reachable from the initial state."""
+    seen, todo = {t.initial}, deque([t.initial])
+    while todo:
+        s = todo.popleft()
+        for e in t.events.values():
+            if s in e.sources and e.target not in seen:
+                seen.add(e.target)
+                todo.append(e.target)
+    return [f"state {s!r} is unreachable from {t.initial!r}" for s in t.states if s not in seen]
+
+
+def terminals_have_no_machine_exits(t: Table) -> list[str]:
+    """No machine actor moves an intent out of a terminal state (published, parked)."""
+    return [
+        f"machine event {e.name} ({e.actor}) leaves terminal state {s!r}"
+        for e in _machine_events(t)
+        for s in e.sources
+        if t.states.get(s) is not None and t.states[s].terminal
+    ]
+
+
+def only_retry_reenters_initial(t: Table) -> list[str]:
+    """The only machine edge into the initial state from another state leaves the retryable state."""
+    retryable = set(t.retryable_states)
+    out = []
+    if len(retryable) != 1:
+        out.append(f"expected exactly one retryable state, found {sorted(retryable)}")
+    for s in retryable:
+        if t.states[s].kind != "retryable":
+            out.append(f"retryable state {s!r} is not of kind 'retryable'")
+    edges = [(e, s) for e in _machine_events(t) if e.target == t.initial for s in e.sources if s != t.initial]
+    for e, s in edges:
+        if s not in retryable:
+            out.append(f"machine event {e.name} re-enters {t.initial!r} from non-retryable {s!r}")
+    if len({e.name for e, _ in edges}) > 1:
+        out.append(f"more than one machine event re-enters {t.initial!r}: {sorted({e.name for e, _ in edges})}")
+    return out
+
+
+def unknown_never_resent_by_machine(t: Table) -> list[str]:
+    """No machine-only path leads from an unknown-outcome state back to the initial or in-flight states.
+
+    An edge guarded by a ``proof_of_absence`` guard (a fenced lookup that proves
+    nothing landed, seed 004 M4) carries evidence and is allowed to pass.
+    """
+    bad_targets = set(t.states_of_kind("initial", "in_flight"))
+    proof = {g.name for g in t.guards.values() if g.proof_of_absence}
+    out = []
+    for start in t.states_of_kind("unknown"):
+        seen, todo = {start}, deque([(start, (start,))])
+        while todo:
+            s, path = todo.popleft()
+            for e in _machine_events(t):
+                if s not in e.sources or proof & set(e.guards):
+                    continue
+                if e.target in bad_targets:
+                    out.append(f"machine path {' -> '.join(path)} -{e.name}-> {e.target} resends an unknown outcome")
+                elif e.target not in seen:
+                    seen.add(e.target)
+                    todo.append((e.target, (*path, e.target)))
+    return out
+
+
+CHECKS: dict[str, Callable[[Table], list[str]]] = {
+    f.__name__: f
+    for f in (
+        references_resolve,
+        catalogue_used,
+        outcomes_map_to_states,
+        one_creator,
+        reachable_from_initial,
+        terminals_have_no_machine_exits,
+        only_retry_reenters_initial,
+        unknown_never_resent_by_machine,
+    )
+}
+
+
+def check_table(t: Table) -> dict[str, list[str]]:
+    """Run every check; returns ``{check name: problems}`` with only failing checks present."""
+    return {name: probs for name, f in CHECKS.items() if (probs := f(t))}

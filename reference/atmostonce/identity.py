@@ -1,0 +1,206 @@
+"""The named identities (seed 004, "Idempotency identity"), shared by the model and every store.
+
+Four identities, each its own type and function:
+
+* :class:`SourceVersion`: a source's stable id plus its normalized visible body.
+* :class:`ClaimId`: a source version plus the claim's own normalized content.
+* :class:`DeliveryKey`: account, action kind, target identity and the canonical
+  request projection (seed 004, "Two rows, not one").
+* :class:`AttemptToken`: random per attempt, never content-derived.
+
+The three content-derived ones are SHA-256 over RFC 8785 canonical JSON of a
+domain-tagged tuple; no clock value ever enters them. Text is normalized by a
+versioned normalizer (:data:`NORMALIZER_VERSION`) whose version is part of the
+hashed tuple and is recorded beside every hash, so a new normalizer mints new
+ids visibly instead of silently merging or splitting history.
+
+Errors: :class:`IdentityError` (a ``ValueError``) for values that have no
+canonical form: NaN or infinite floats, non-string object keys, NUL bytes,
+lone surrogates, empty required parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import secrets
+import unicodedata
+from typing import Any, NewType
+
+import rfc8785
+
+__all__ = [
+    "NORMALIZER_VERSION",
+    "AttemptToken",
+    "ClaimId",
+    "DeliveryKey",
+    "IdentityError",
+    "SourceVersion",
+    "attempt_token",
+    "canonical_json",
+    "claim_id",
+    "delivery_key",
+    "digest_bytes",
+    "normalize_text",
+    "raw_digest",
+    "request_digest",
+    "source_version",
+]
+
+NORMALIZER_VERSION = 1
+"""Version of :func:`normalize_text`. Bump it (never edit v1 in place) when the rules change."""
+
+DeliveryKey = NewType("DeliveryKey", str)
+AttemptToken = NewType("AttemptToken", str)
+SourceVersion = NewType("SourceVersion", str)
+ClaimId = NewType("ClaimId", str)
+
+
+class IdentityError(ValueError):
+    """A value has no canonical form and cannot take part in an identity."""
+
+
+_TRAILING_WS = re.compile(r"[ \t\u00a0\u3000]+$", re.MULTILINE)
+_INNER_WS = re.compile(r"[ \t\u00a0\u3000]+")
+_BLANK_RUNS = re.compile(r"\n{3,}")
+
+
+def _check_text(s: str, what: str) -> None:
+    if "\x00" in s:
+        raise IdentityError(f"{what} contains a NUL byte")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise IdentityError(f"{what} contains a lone surrogate at index {exc.start}") from exc
+
+
+def normalize_text(text: str, version: int = NORMALIZER_VERSION) -> str:
+    """Normalize text for comparison and hashing (version 1).
+
+    v1 rules, in order: Unicode NFC; CRLF and lone CR become LF; tabs, no-break
+    and ideographic spaces inside a line fold to one space; trailing spaces of
+    each line are dropped; three or more newlines fold to two (one blank line);
+    leading and trailing blank space of the whole text is dropped. Case and
+    punctuation are kept: they change what a reader sees.
+
+    Raises :class:`IdentityError` for NUL bytes, lone surrogates, or an unknown version.
+    """
+    if version != 1:
+        raise IdentityError(f"unknown normalizer version {version}")
+    if not isinstance(text, str):
+        raise IdentityError(f"text must be str, not {type(text).__name__}")
+    _check_text(text, "text")
+    t = unicodedata.normalize("NFC", text)
+    t = t.replace("\r\n", "\n").replace("\r", "\n")
+    t = _TRAILING_WS.sub("", t)
+    t = _INNER_WS.sub(" ", t)
+    t = _BLANK_RUNS.sub("\n\n", t)
+    return t.strip()
+
+
+def _canonical_value(v: Any, path: str) -> Any:
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            raise IdentityError(f"{path}: NaN and infinities have no canonical JSON form")
+        return v
+    if isinstance(v, str):
+        _check_text(v, path)
+        return v
+    if isinstance(v, dict):
+        out = {}
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise IdentityError(f"{path}: object keys must be strings, got {type(k).__name__}")
+            _check_text(k, f"{path} key")
+            out[k] = _canonical_value(x, f"{path}.{k}")
+        return out
+    if isinstance(v, (list, tuple)):
+        return [_canonical_value(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    raise IdentityError(f"{path}: {type(v).__name__} is not JSON-serializable")
+
+
+def canonical_json(value: Any) -> bytes:
+    """RFC 8785 (JCS) canonical JSON bytes of ``value``.
+
+    Raises :class:`IdentityError` for NaN, infinities, non-string keys,
+    non-JSON types, NUL bytes and lone surrogates.
+    """
+    checked = _canonical_value(value, "$")
+    try:
+        return rfc8785.dumps(checked)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:  # integers out of range
+        raise IdentityError(f"no canonical JSON form: {exc}") from exc
+
+
+def digest_bytes(data: bytes) -> str:
+    """Hex SHA-256 of ``data`` (64 characters)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _identity(domain: str, *parts: Any) -> str:
+    return digest_bytes(canonical_json([domain, NORMALIZER_VERSION, *parts]))
+
+
+def _normalize_projection(v: Any) -> Any:
+    if isinstance(v, str):
+        return normalize_text(v)
+    if isinstance(v, dict):
+        return {k: _normalize_projection(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_normalize_projection(x) for x in v]
+    return v
+
+
+def _require(name: str, value: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise IdentityError(f"{name} must be a non-empty string")
+    _check_text(value, name)
+
+
+def delivery_key(account: str, action_kind: str, target: str, projection: Any) -> DeliveryKey:
+    """Stable key of one logical delivery (seed 004, "Two rows, not one").
+
+    ``projection`` is the canonical request you will send (JSON-like); its
+    strings are normalized with :func:`normalize_text` before hashing, so NFC/NFD,
+    CRLF/LF and trailing-space spellings share a key. Two action kinds with no
+    text on the same target get distinct keys. Returns 64 hex characters.
+    """
+    _require("account", account)
+    _require("action_kind", action_kind)
+    _require("target", target)
+    return DeliveryKey(_identity("atmostonce/delivery-key", account, action_kind, target, _normalize_projection(projection)))
+
+
+def request_digest(wire: Any) -> str:
+    """Digest of the exact outgoing request: SHA-256 of its RFC 8785 bytes (seed 001, 004 M1).
+
+    Unlike the delivery key this is *not* normalized: an approval binds to bytes.
+    """
+    return digest_bytes(canonical_json(wire))
+
+
+def source_version(source_id: str, body: str) -> SourceVersion:
+    """Identity of one version of a source: stable id plus normalized visible body (seed 004)."""
+    _require("source_id", source_id)
+    return SourceVersion(_identity("atmostonce/source-version", source_id, normalize_text(body)))
+
+
+def claim_id(version: SourceVersion, content: Any) -> ClaimId:
+    """Identity of a claim: the source version it rests on plus its own normalized content."""
+    _require("source version", version)
+    return ClaimId(_identity("atmostonce/claim", version, _normalize_projection(content)))
+
+
+def raw_digest(raw: bytes) -> str:
+    """Forensic hash of captured raw bytes: capture metadata, never an identity."""
+    return digest_bytes(raw)
+
+
+def attempt_token() -> AttemptToken:
+    """A fresh random attempt token (128 bits, 32 hex characters)."""
+    return AttemptToken(secrets.token_hex(16))

@@ -1,0 +1,266 @@
+"""The reference model: a pure, deterministic, in-memory store driven by the table.
+
+No I/O. The clock is injected (``clock() -> float`` seconds) and stands for the
+database clock. Every move looks the event up in the table, checks the source
+state, evaluates the table's named guards in order, and only then changes
+anything; a refused move raises :class:`~atmostonce.errors.Rejected` and leaves
+the model exactly as it was (h11-style). The per-intent state is held by a
+``transitions`` machine built from the table's events; its own condition
+mechanism is not used (it fails silently with ``False``), and ``to_<state>``
+shortcuts are disabled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from transitions import Machine
+
+from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
+from .guards import GUARDS
+from .identity import attempt_token
+from .records import Attempt, HistoryEntry, Intent, Reconciliation, Submission
+from .store import Operations
+from .table import Table
+from .table import table as default_table
+
+__all__ = ["MemoryStore", "open_memory_store"]
+
+_HISTORY_DETAIL = ("reason", "remote_id", "response_digest", "operator", "fenced", "result", "descriptor")
+
+
+class _Cell:
+    """What the ``transitions`` machine moves: one intent's state."""
+
+    def __init__(self, state: str):
+        self.state = state
+
+
+def _build_machine(t: Table) -> Machine:
+    transitions = [
+        {"trigger": ev.name, "source": list(ev.sources), "dest": ev.target}
+        for ev in t.events.values()
+        if not ev.creates
+    ]
+    return Machine(
+        model=None,
+        states=list(t.states),
+        transitions=transitions,
+        initial=t.initial,
+        auto_transitions=False,
+        ignore_invalid_triggers=False,
+    )
+
+
+class MemoryStore(Operations):
+    """In-memory store implementing the full operation set; thread-safe by one lock.
+
+    ``clock``: the store clock in seconds (default ``time.time``). ``table``: the
+    transition table (default: the shipped one).
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None, table: Table | None = None):
+        self.table = table or default_table()
+        self._clock = clock or time.time
+        self._lock = threading.RLock()
+        self._machine = _build_machine(self.table)
+        self._disabled_guards: frozenset[str] = frozenset()
+        self.reset()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget everything (the stateful suite's ``@initialize``)."""
+        with getattr(self, "_lock", threading.RLock()):
+            self._rows: dict[str, dict[str, Any]] = {}
+            self._cells: dict[str, _Cell] = {}
+            self._attempts: list[dict[str, Any]] = []
+            self._attempt_outcomes: list[tuple[int, str, str]] = []
+            self._history: list[HistoryEntry] = []
+            self._reconciliations: list[Reconciliation] = []
+            self._generation = itertools.count(1)
+            self._seq = itertools.count(1)
+
+    def close(self) -> None:
+        pass
+
+    def now(self) -> float:
+        return float(self._clock())
+
+    # -- primitives -----------------------------------------------------------------------
+    def _create(self, sub: Submission) -> tuple[Intent, bool]:
+        with self._lock:
+            if sub.key in self._rows:
+                return self._intent(self._rows[sub.key]), False
+            now = self.now()
+            row = {
+                "key": sub.key,
+                "account": sub.account,
+                "action_kind": sub.action_kind,
+                "target": sub.target,
+                "request": dict(sub.request),
+                "request_digest": sub.request_digest,
+                "state": self.table.initial,
+                "attempt_count": 0,
+                "max_attempts": sub.max_attempts,
+                "attempt_token": None,
+                "generation": None,
+                "lease_expires_at": None,
+                "remote_id": None,
+                "reconcile_count": 0,
+                "max_reconciles": sub.max_reconciles,
+                "resend_epoch": 0,
+                "descriptor": None,
+                "normalizer_version": sub.normalizer_version,
+                "created_at": now,
+                "updated_at": now,
+            }
+            cell = _Cell(self.table.initial)
+            self._machine.add_model(cell, initial=self.table.initial)
+            self._rows[sub.key] = row
+            self._cells[sub.key] = cell
+            self._append_history(sub.key, "submit", self.table.event("submit").actor, None, row, {}, now)
+            return self._intent(row), True
+
+    def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
+        ev = self.table.event(event)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                raise UnknownIntent(event, key, "intent_exists", None)
+            if row["state"] not in ev.sources:
+                raise IllegalMove(event, key, "source_state", row["state"])
+            now = self.now()
+            for g in ev.guards:
+                if g in self._disabled_guards:
+                    continue
+                if not GUARDS[g](row, args, now):
+                    raise GuardRefused(event, key, g, row["state"])
+            new = dict(row)
+            presented = (row["attempt_token"], row["generation"])
+            for eff in ev.effects:
+                getattr(self, f"_eff_{eff}")(new, args, now, event)
+            new["state"] = ev.target
+            new["updated_at"] = now
+            cell = self._cells[key]
+            if not getattr(cell, event)():  # pragma: no cover - guards were checked above
+                raise StoreError(f"transitions refused {event} from {row['state']}")
+            assert cell.state == ev.target
+            self._rows[key] = new
+            token, gen = (new["attempt_token"], new["generation"]) if "open_attempt" in ev.effects else presented
+            actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
+            self._append_history(key, event, actor, row["state"], new, args, now, token, gen)
+            return self._intent(new)
+
+    # -- effects (names from the table's effect catalogue) --------------------------------
+    def _eff_create(self, row, args, now, event):  # pragma: no cover - creation goes through _create
+        raise StoreError("create is not applied to an existing row")
+
+    def _eff_open_attempt(self, row, args, now, event):
+        tok = attempt_token()
+        gen = next(self._generation)
+        row["attempt_count"] += 1
+        row["attempt_token"] = tok
+        row["generation"] = gen
+        row["lease_expires_at"] = now + args["lease_seconds"]
+        self._attempts.append(
+            {"attempt_token": tok, "key": row["key"], "number": row["attempt_count"], "generation": gen, "opened_at": now}
+        )
+
+    def _eff_extend_lease(self, row, args, now, event):
+        row["lease_expires_at"] = now + args["lease_seconds"]
+
+    def _eff_write_descriptor(self, row, args, now, event):
+        row["descriptor"] = dict(args.get("descriptor") or {})
+
+    def _eff_set_remote_id(self, row, args, now, event):
+        row["remote_id"] = args["remote_id"]
+
+    def _eff_close_attempt(self, row, args, now, event):
+        if row["attempt_token"] is not None:
+            self._attempt_outcomes.append((next(self._seq), row["attempt_token"], event))
+        row["attempt_token"] = None
+        row["lease_expires_at"] = None
+
+    def _eff_count_reconcile(self, row, args, now, event):
+        row["reconcile_count"] += 1
+        self._reconciliations.append(
+            Reconciliation(next(self._seq), row["key"], args.get("result", "unknown"), args.get("remote_id"), now)
+        )
+
+    def _eff_bump_resend_epoch(self, row, args, now, event):
+        row["resend_epoch"] += 1
+
+    # -- history --------------------------------------------------------------------------
+    def _append_history(self, key, event, actor, from_state, row, args, now, token=None, gen=None):
+        detail = {k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")}
+        self._history.append(
+            HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
+        )
+
+    # -- reads ----------------------------------------------------------------------------
+    @staticmethod
+    def _intent(row: Mapping[str, Any]) -> Intent:
+        return Intent(**{k: row[k] for k in Intent.__dataclass_fields__})
+
+    def get(self, key: str) -> Intent:
+        it = self.find(key)
+        if it is None:
+            raise UnknownIntent("get", key, "intent_exists", None)
+        return it
+
+    def find(self, key: str) -> Intent | None:
+        with self._lock:
+            row = self._rows.get(key)
+            return None if row is None else self._intent(row)
+
+    def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
+        with self._lock:
+            rows = [r for r in self._rows.values() if state is None or r["state"] == state]
+            rows.sort(key=lambda r: (r["created_at"], r["key"]))
+            return [self._intent(r) for r in rows[:limit]]
+
+    def count_by_state(self) -> dict[str, int]:
+        with self._lock:
+            out = dict.fromkeys(self.table.states, 0)
+            for r in self._rows.values():
+                out[r["state"]] += 1
+            return out
+
+    def history(self, key: str) -> list[HistoryEntry]:
+        with self._lock:
+            return [h for h in self._history if h.key == key]
+
+    def attempts(self, key: str) -> list[Attempt]:
+        with self._lock:
+            outs: dict[str, list[str]] = {}
+            for _, tok, outcome in self._attempt_outcomes:
+                outs.setdefault(tok, []).append(outcome)
+            return [
+                Attempt(a["attempt_token"], a["key"], a["number"], a["generation"], a["opened_at"], tuple(outs.get(a["attempt_token"], ())))
+                for a in self._attempts
+                if a["key"] == key
+            ]
+
+    def reconciliations(self, key: str) -> list[Reconciliation]:
+        with self._lock:
+            return [r for r in self._reconciliations if r.key == key]
+
+    def due_leases(self, limit: int = 100) -> list[Intent]:
+        """Intents whose lease has expired by the store clock, oldest deadline first."""
+        with self._lock:
+            now = self.now()
+            rows = [r for r in self._rows.values() if r["lease_expires_at"] is not None and r["lease_expires_at"] <= now]
+            rows.sort(key=lambda r: r["lease_expires_at"])
+            return [self._intent(r) for r in rows[:limit]]
+
+    def total_attempts(self) -> int:
+        with self._lock:
+            return len(self._attempts)
+
+
+def open_memory_store(url: str | None = None, **kw: Any) -> MemoryStore:
+    """Entry point for ``memory://`` URLs."""
+    return MemoryStore(**kw)

@@ -1,0 +1,219 @@
+"""Value types returned by every store, and intake validation shared by all of them.
+
+Times are float seconds since the Unix epoch, as read from the *store's* clock
+(design rule: the database clock decides leases; a worker's clock is context).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import IntakeError
+from .identity import (
+    NORMALIZER_VERSION,
+    DeliveryKey,
+    IdentityError,
+    canonical_json,
+    delivery_key,
+    request_digest,
+)
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
+    "DEFAULT_MAX_RECONCILES",
+    "Attempt",
+    "HistoryEntry",
+    "Intent",
+    "Lease",
+    "Plan",
+    "Reconciliation",
+    "Submission",
+    "prepare_submission",
+    "validate_lease_seconds",
+]
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB of canonical JSON
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_MAX_RECONCILES = 3
+
+
+@dataclass(frozen=True)
+class Intent:
+    """One delivery intent: the row whose state moves; its key never changes (seed 004, "Two rows")."""
+
+    key: DeliveryKey
+    account: str
+    action_kind: str
+    target: str
+    request: Mapping[str, Any]
+    request_digest: str
+    state: str
+    attempt_count: int
+    max_attempts: int
+    attempt_token: str | None
+    generation: int | None
+    lease_expires_at: float | None
+    remote_id: str | None
+    reconcile_count: int
+    max_reconciles: int
+    resend_epoch: int
+    descriptor: Mapping[str, Any] | None
+    normalizer_version: int
+    created_at: float
+    updated_at: float
+
+    @property
+    def plan(self) -> Plan:
+        """What a maintenance pass planned on (the ``plan_unchanged`` guard compares it)."""
+        return Plan(self.key, self.generation, self.reconcile_count)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What ``begin`` hands a worker: the attempt token and fencing generation it must present."""
+
+    key: DeliveryKey
+    attempt_token: str
+    generation: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A maintenance pass's snapshot of a row: it moves the row only if this still matches."""
+
+    key: DeliveryKey
+    generation: int | None
+    reconcile_count: int
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An immutable attempt fact; ``outcomes`` are appended beside it, never written over it."""
+
+    attempt_token: str
+    key: DeliveryKey
+    number: int
+    generation: int
+    opened_at: float
+    outcomes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One append-only history row; ``seq`` is assigned by the store and orders history."""
+
+    seq: int
+    key: DeliveryKey
+    event: str
+    actor: str
+    from_state: str | None
+    to_state: str
+    attempt_token: str | None
+    generation: int | None
+    detail: Mapping[str, Any]
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """One append-only reconciliation record: a lookup and what it proved (seed 003)."""
+
+    seq: int
+    key: DeliveryKey
+    result: str
+    remote_id: str | None
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class Submission:
+    """Validated intake, ready to insert."""
+
+    key: DeliveryKey
+    account: str
+    action_kind: str
+    target: str
+    request: Mapping[str, Any]
+    request_json: str
+    request_digest: str
+    max_attempts: int
+    max_reconciles: int
+    normalizer_version: int = NORMALIZER_VERSION
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _reject_datetimes(v: Any, path: str) -> None:
+    if isinstance(v, _dt.datetime):
+        if v.tzinfo is None or v.utcoffset() is None:
+            raise IntakeError(f"{path}: naive datetime; give a timezone-aware one")
+        raise IntakeError(f"{path}: datetimes are not JSON; send an ISO 8601 string")
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _reject_datetimes(x, f"{path}.{k}")
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _reject_datetimes(x, f"{path}[{i}]")
+
+
+def _positive_int(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise IntakeError(f"{name} must be a positive integer, got {v!r}")
+    return v
+
+
+def prepare_submission(
+    account: str,
+    action_kind: str,
+    target: str,
+    request: Mapping[str, Any],
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    max_reconciles: int = DEFAULT_MAX_RECONCILES,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> Submission:
+    """Validate intake and compute the delivery key and request digest.
+
+    ``request`` is the canonical request projection (a JSON object). Raises
+    :class:`IntakeError` for: empty or non-string account/action kind/target;
+    NUL bytes or lone surrogates anywhere; a naive datetime; a value that is
+    not JSON (NaN, infinities, non-string keys, other types); canonical JSON
+    larger than ``max_payload_bytes`` (default 1 MiB); non-positive caps.
+    """
+    for name, v in (("account", account), ("action_kind", action_kind), ("target", target)):
+        if not isinstance(v, str) or not v.strip():
+            raise IntakeError(f"{name} must be a non-empty string, got {v!r}")
+    if not isinstance(request, Mapping):
+        raise IntakeError(f"request must be a JSON object, got {type(request).__name__}")
+    _reject_datetimes(request, "request")
+    try:
+        raw = canonical_json(dict(request))
+        key = delivery_key(account, action_kind, target, dict(request))
+    except IdentityError as exc:
+        raise IntakeError(str(exc)) from exc
+    if len(raw) > max_payload_bytes:
+        raise IntakeError(f"request is {len(raw)} bytes of canonical JSON; the limit is {max_payload_bytes}")
+    return Submission(
+        key=key,
+        account=account,
+        action_kind=action_kind,
+        target=target,
+        request=dict(request),
+        request_json=raw.decode("utf-8"),
+        request_digest=request_digest(dict(request)),
+        max_attempts=_positive_int("max_attempts", max_attempts),
+        max_reconciles=_positive_int("max_reconciles", max_reconciles),
+    )
+
+
+def validate_lease_seconds(name: str, seconds: Any) -> float:
+    """A lease length in seconds: finite and > 0, else :class:`IntakeError`."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise IntakeError(f"{name} must be a number of seconds, got {seconds!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise IntakeError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
+    return float(seconds)

@@ -1,0 +1,233 @@
+"""The store protocol: one operation set, implemented by the in-memory model and the SQL stores.
+
+Every transition method maps to one table event and is carried out by the
+implementation's ``_apply(event, key, args)``: look the event up in the table,
+check the source state and the event's named guards, and either make the
+move atomically or raise a :class:`~atmostonce.errors.Rejected` naming what
+refused, leaving everything unchanged (seed 004, "The state machine").
+
+:class:`Operations` gives every implementation the same public signatures, so
+the model and the stores cannot drift in what they accept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+from .errors import IntakeError
+from .records import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_MAX_RECONCILES,
+    Attempt,
+    HistoryEntry,
+    Intent,
+    Lease,
+    Plan,
+    Reconciliation,
+    Submission,
+    prepare_submission,
+    validate_lease_seconds,
+)
+from .table import Table
+
+__all__ = ["Operations", "Store"]
+
+
+def _need_text(name: str, v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise IntakeError(f"{name} must be a non-empty string, got {v!r}")
+    if "\x00" in v:
+        raise IntakeError(f"{name} contains a NUL byte")
+    return v
+
+
+def _lease_args(lease: Lease) -> dict[str, Any]:
+    if not isinstance(lease, Lease):
+        raise IntakeError(f"expected a Lease from begin(), got {type(lease).__name__}")
+    return {"attempt_token": lease.attempt_token, "generation": lease.generation}
+
+
+def _plan_args(plan: Plan) -> dict[str, Any]:
+    if not isinstance(plan, Plan):
+        raise IntakeError(f"expected a Plan (Intent.plan), got {type(plan).__name__}")
+    return {"plan_generation": plan.generation, "plan_reconcile_count": plan.reconcile_count}
+
+
+class Operations:
+    """Public operations shared by every store. Subclasses provide the primitives below."""
+
+    table: Table
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+    # -- primitives each store implements -------------------------------------------------
+    def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:  # pragma: no cover
+        raise NotImplementedError
+
+    def _create(self, sub: Submission) -> tuple[Intent, bool]:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- intake ---------------------------------------------------------------------------
+    def submit(
+        self,
+        account: str,
+        action_kind: str,
+        target: str,
+        request: Mapping[str, Any],
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_reconciles: int = DEFAULT_MAX_RECONCILES,
+    ) -> Intent:
+        """Create the intent for this delivery, or return the existing one with the same key.
+
+        Raises :class:`IntakeError` for bad input (see ``prepare_submission``); writes nothing then.
+        """
+        sub = prepare_submission(
+            account,
+            action_kind,
+            target,
+            request,
+            max_attempts=max_attempts,
+            max_reconciles=max_reconciles,
+            max_payload_bytes=self.max_payload_bytes,
+        )
+        return self._create(sub)[0]
+
+    # -- worker ---------------------------------------------------------------------------
+    def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease:
+        """Open the intent's next attempt under a lease of ``lease_seconds`` (store clock).
+
+        The only creator of attempts. Raises ``Rejected`` (no_open_attempt, attempts_remaining, ...).
+        """
+        secs = validate_lease_seconds("lease_seconds", lease_seconds)
+        it = self._apply("begin", key, {"lease_seconds": secs})
+        assert it.attempt_token is not None and it.generation is not None and it.lease_expires_at is not None
+        return Lease(it.key, it.attempt_token, it.generation, it.lease_expires_at)
+
+    def authorize_dispatch(
+        self,
+        lease: Lease,
+        *,
+        request_digest: str,
+        send_lease_seconds: float = 60.0,
+        descriptor: Mapping[str, Any] | None = None,
+    ) -> Intent:
+        """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends."""
+        secs = validate_lease_seconds("send_lease_seconds", send_lease_seconds)
+        args = _lease_args(lease) | {
+            "request_digest": request_digest,
+            "lease_seconds": secs,
+            "descriptor": dict(descriptor or {}),
+        }
+        return self._apply("authorize_dispatch", lease.key, args)
+
+    def block_at_gate(self, lease: Lease, *, reason: str) -> Intent:
+        return self._apply("block_at_gate", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+
+    def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent:
+        args = _lease_args(lease) | {"remote_id": _need_text("remote_id", remote_id), "response_digest": response_digest}
+        return self._apply("record_success", lease.key, args)
+
+    def confirm_read_back(self, lease: Lease) -> Intent:
+        return self._apply("confirm_read_back", lease.key, _lease_args(lease))
+
+    def read_back_failed(self, lease: Lease, *, reason: str) -> Intent:
+        return self._apply("read_back_failed", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+
+    def record_not_sent(self, lease: Lease, *, reason: str) -> Intent:
+        return self._apply("record_not_sent", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+
+    def record_unknown(self, lease: Lease, *, reason: str) -> Intent:
+        return self._apply("record_unknown", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+
+    # -- sweeper --------------------------------------------------------------------------
+    def expire_lease(self, intent: Intent) -> Intent:
+        """Post-authorization lease expired: to ``indeterminate``; moves only the row as planned."""
+        return self._apply("expire_lease", intent.key, _stale_args(intent))
+
+    def abandon_attempt(self, intent: Intent) -> Intent:
+        """Pre-authorization lease expired: close the attempt as abandoned; intent stays ``pending``."""
+        return self._apply("abandon_attempt", intent.key, _stale_args(intent))
+
+    # -- reconciler -----------------------------------------------------------------------
+    def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:
+        args = _plan_args(plan) | {"remote_id": _need_text("remote_id", remote_id), "result": "confirmed"}
+        return self._apply("reconcile_found", plan.key, args)
+
+    def reconcile_not_found(self, plan: Plan) -> Intent:
+        return self._apply("reconcile_not_found", plan.key, _plan_args(plan) | {"result": "unknown"})
+
+    def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
+        return self._apply("reconcile_absent", plan.key, _plan_args(plan) | {"fenced": fenced, "result": "failed"})
+
+    def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent:
+        args = _plan_args(plan) | {"reason": _need_text("reason", reason), "result": "unknown"}
+        return self._apply("park_unreconcilable", plan.key, args)
+
+    # -- retry policy ---------------------------------------------------------------------
+    def retry(self, key: str) -> Intent:
+        """``failed`` back to ``pending``; creates no attempt (the next ``begin`` does)."""
+        return self._apply("retry", key, {})
+
+    def exhaust(self, key: str) -> Intent:
+        """Attempt cap reached: park instead of looping."""
+        return self._apply("exhaust", key, {})
+
+    # -- operator -------------------------------------------------------------------------
+    def park(self, key: str, *, operator: str, reason: str = "operator stop") -> Intent:
+        return self._apply("park", key, {"operator": operator, "reason": reason})
+
+    def resolve_published(self, key: str, *, operator: str, remote_id: str) -> Intent:
+        args = {"operator": operator, "remote_id": _need_text("remote_id", remote_id)}
+        return self._apply("resolve_published", key, args)
+
+    def resolve_not_sent(self, key: str, *, operator: str, reason: str = "operator: not sent") -> Intent:
+        return self._apply("resolve_not_sent", key, {"operator": operator, "reason": reason})
+
+    def resend(self, key: str, *, operator: str) -> Intent:
+        return self._apply("resend", key, {"operator": operator})
+
+
+def _stale_args(intent: Intent) -> dict[str, Any]:
+    if not isinstance(intent, Intent):
+        raise IntakeError(f"expected an Intent snapshot, got {type(intent).__name__}")
+    return {"attempt_token": intent.attempt_token, "generation": intent.generation}
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the runtime, CLI and conformance suite need from a store (model or SQL)."""
+
+    table: Table
+
+    def submit(self, account: str, action_kind: str, target: str, request: Mapping[str, Any], **kw: Any) -> Intent: ...
+    def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease: ...
+    def authorize_dispatch(self, lease: Lease, *, request_digest: str, **kw: Any) -> Intent: ...
+    def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent: ...
+    def confirm_read_back(self, lease: Lease) -> Intent: ...
+    def read_back_failed(self, lease: Lease, *, reason: str) -> Intent: ...
+    def record_not_sent(self, lease: Lease, *, reason: str) -> Intent: ...
+    def record_unknown(self, lease: Lease, *, reason: str) -> Intent: ...
+    def expire_lease(self, intent: Intent) -> Intent: ...
+    def abandon_attempt(self, intent: Intent) -> Intent: ...
+    def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent: ...
+    def reconcile_not_found(self, plan: Plan) -> Intent: ...
+    def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent: ...
+    def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent: ...
+    def retry(self, key: str) -> Intent: ...
+    def exhaust(self, key: str) -> Intent: ...
+    def park(self, key: str, *, operator: str, reason: str = ...) -> Intent: ...
+    def resolve_published(self, key: str, *, operator: str, remote_id: str) -> Intent: ...
+    def resolve_not_sent(self, key: str, *, operator: str, reason: str = ...) -> Intent: ...
+    def resend(self, key: str, *, operator: str) -> Intent: ...
+
+    def get(self, key: str) -> Intent: ...
+    def find(self, key: str) -> Intent | None: ...
+    def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]: ...
+    def count_by_state(self) -> dict[str, int]: ...
+    def history(self, key: str) -> list[HistoryEntry]: ...
+    def attempts(self, key: str) -> list[Attempt]: ...
+    def reconciliations(self, key: str) -> list[Reconciliation]: ...
+    def due_leases(self, limit: int = 100) -> list[Intent]: ...
+    def now(self) -> float: ...
+    def close(self) -> None: ...

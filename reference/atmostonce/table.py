@@ -1,0 +1,210 @@
+"""Load the transition table (``spec/table.toml``) into an immutable, typed value.
+
+The table is the single source of states, events, guards, effects and outcome
+mappings (seed 004, "The state machine"; h11-style: a move not in the table is
+the only illegal move). Everything else reads it from here.
+
+Shapes: :class:`Table` holds tuples and read-only mappings of frozen
+dataclasses. Errors: :class:`TableError` when the file is missing, is not
+valid TOML, or does not validate against ``spec/table.schema.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+__all__ = [
+    "Actor",
+    "Effect",
+    "Event",
+    "Guard",
+    "Outcome",
+    "State",
+    "Table",
+    "TableError",
+    "load_table",
+    "spec_dir",
+    "table",
+]
+
+
+class TableError(ValueError):
+    """The table file is missing, malformed, or fails its JSON Schema."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    name: str
+    human: bool
+    meaning: str
+
+
+@dataclass(frozen=True)
+class State:
+    name: str
+    kind: str
+    disposition: str
+    retryable: bool
+    terminal: bool
+    meaning: str
+    seed: str
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    meaning: str
+    seed: str
+    proof_of_absence: bool = False
+
+
+@dataclass(frozen=True)
+class Effect:
+    name: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    actor: str
+    sources: tuple[str, ...]
+    target: str
+    guards: tuple[str, ...]
+    effects: tuple[str, ...]
+    seed: str
+
+    @property
+    def creates(self) -> bool:
+        """True for the event that creates an intent (no source state)."""
+        return not self.sources
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    event: str
+    state: str
+    meaning: str
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    version: str
+    initial: str
+    actors: Mapping[str, Actor]
+    states: Mapping[str, State]
+    guards: Mapping[str, Guard]
+    effects: Mapping[str, Effect]
+    events: Mapping[str, Event]
+    outcomes: Mapping[str, Outcome]
+
+    def event(self, name: str) -> Event:
+        """The event called ``name``; raises ``KeyError`` for an unknown event."""
+        return self.events[name]
+
+    def sources(self, event: str) -> tuple[str, ...]:
+        """Allowed source states of ``event`` (the SQL ``state IN (...)`` list)."""
+        return self.events[event].sources
+
+    def is_human(self, event: str) -> bool:
+        return self.actors[self.events[event].actor].human
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return tuple(self.states)
+
+    @property
+    def retryable_states(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.states.values() if s.retryable)
+
+    @property
+    def terminal_states(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.states.values() if s.terminal)
+
+    def states_of_kind(self, *kinds: str) -> tuple[str, ...]:
+        return tuple(s.name for s in self.states.values() if s.kind in kinds)
+
+
+def spec_dir() -> Path:
+    """Folder holding ``table.toml``: the copy shipped in the wheel, else the repo's ``spec/``."""
+    shipped = resources.files("atmostonce").joinpath("_spec")
+    if shipped.joinpath("table.toml").is_file():
+        return Path(str(shipped))
+    repo = Path(__file__).resolve().parents[2] / "spec"
+    if (repo / "table.toml").is_file():
+        return repo
+    raise TableError("spec/table.toml not found in the package or the source tree")
+
+
+def _freeze(d: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(d))
+
+
+def parse_table(raw: Mapping[str, Any], schema: Mapping[str, Any] | None = None) -> Table:
+    """Validate ``raw`` (the parsed TOML) against the schema and build a :class:`Table`.
+
+    Raises :class:`TableError` naming the first schema violation.
+    """
+    import jsonschema
+
+    if schema is None:
+        schema = json.loads((spec_dir() / "table.schema.json").read_text("utf-8"))
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(raw), key=lambda e: list(e.path))
+    if errors:
+        e = errors[0]
+        where = "/".join(str(p) for p in e.path) or "<root>"
+        raise TableError(f"table does not match its schema at {where}: {e.message}")
+    events: dict[str, Event] = {}
+    for ev in raw["events"]:
+        if ev["name"] in events:
+            raise TableError(f"event {ev['name']!r} declared twice")
+        events[ev["name"]] = Event(
+            name=ev["name"],
+            actor=ev["actor"],
+            sources=tuple(ev["from"]),
+            target=ev["to"],
+            guards=tuple(ev["guards"]),
+            effects=tuple(ev["effects"]),
+            seed=ev["seed"],
+        )
+    return Table(
+        name=raw["name"],
+        version=raw["version"],
+        initial=raw["initial"],
+        actors=_freeze({k: Actor(k, v["human"], v["meaning"]) for k, v in raw["actors"].items()}),
+        states=_freeze({k: State(name=k, **v) for k, v in raw["states"].items()}),
+        guards=_freeze({k: Guard(name=k, **v) for k, v in raw["guards"].items()}),
+        effects=_freeze({k: Effect(k, v["meaning"]) for k, v in raw["effects"].items()}),
+        events=_freeze(events),
+        outcomes=_freeze({k: Outcome(name=k, **v) for k, v in raw["outcomes"].items()}),
+    )
+
+
+def load_table(path: str | Path | None = None) -> Table:
+    """Read and validate a table file (default: the shipped ``table.toml``).
+
+    Raises :class:`TableError` for a missing file, bad TOML, or a schema violation.
+    """
+    p = Path(path) if path is not None else spec_dir() / "table.toml"
+    try:
+        raw = tomllib.loads(p.read_text("utf-8"))
+    except FileNotFoundError as exc:
+        raise TableError(f"no table at {p}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise TableError(f"{p} is not valid TOML: {exc}") from exc
+    return parse_table(raw)
+
+
+@functools.cache
+def table() -> Table:
+    """The project's table, loaded once per process."""
+    return load_table()
