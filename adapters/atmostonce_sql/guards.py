@@ -10,7 +10,8 @@ name the guard that refused. A comparison against a missing argument is
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement

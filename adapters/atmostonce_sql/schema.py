@@ -49,8 +49,12 @@ intents = sa.Table(
     sa.Column("normalizer_version", sa.Integer, nullable=False),
     sa.Column("created_at", sa.Float(53), nullable=False),
     sa.Column("updated_at", sa.Float(53), nullable=False),
-    sa.Index("aom_intents_lease_due", "lease_expires_at", postgresql_where=sa.text("lease_expires_at IS NOT NULL"),
-             sqlite_where=sa.text("lease_expires_at IS NOT NULL")),
+    sa.Index(
+        "aom_intents_lease_due",
+        "lease_expires_at",
+        postgresql_where=sa.text("lease_expires_at IS NOT NULL"),
+        sqlite_where=sa.text("lease_expires_at IS NOT NULL"),
+    ),
     sa.Index("aom_intents_state", "state", "created_at"),
 )
 

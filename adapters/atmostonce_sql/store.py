@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -138,7 +139,12 @@ class SqlStore(Operations):
         }
         with self._tx() as conn:
             row = (
-                conn.execute(insert(intents).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(*intents.c))
+                conn.execute(
+                    insert(intents)
+                    .values(**values)
+                    .on_conflict_do_nothing(index_elements=["key"])
+                    .returning(*intents.c)
+                )
                 .mappings()
                 .first()
             )
@@ -172,9 +178,13 @@ class SqlStore(Operations):
             row = conn.execute(stmt).mappings().first()
             if row is None:
                 raise self._diagnose(conn, ev, key, args)  # the transaction rolls back
-            token, gen = (row["attempt_token"], row["generation"]) if "open_attempt" in ev.effects else (
-                row["prev_attempt_token"],
-                args.get("generation", row["generation"]),
+            token, gen = (
+                (row["attempt_token"], row["generation"])
+                if "open_attempt" in ev.effects
+                else (
+                    row["prev_attempt_token"],
+                    args.get("generation", row["generation"]),
+                )
             )
             if "open_attempt" in ev.effects:
                 conn.execute(
@@ -196,7 +206,10 @@ class SqlStore(Operations):
             if "count_reconcile" in ev.effects:
                 conn.execute(
                     sa.insert(reconciliations).values(
-                        key=key, result=args.get("result", "unknown"), remote_id=args.get("remote_id"), recorded_at=self._now
+                        key=key,
+                        result=args.get("result", "unknown"),
+                        remote_id=args.get("remote_id"),
+                        recorded_at=self._now,
                     )
                 )
             actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
@@ -224,6 +237,10 @@ class SqlStore(Operations):
             return {"reconcile_count": c.reconcile_count + 1}
         if eff == "bump_resend_epoch":
             return {"resend_epoch": c.resend_epoch + 1}
+        if eff == "grant_attempt":
+            return {
+                "max_attempts": sa.case((c.max_attempts > c.attempt_count, c.max_attempts), else_=c.attempt_count + 1)
+            }
         raise StoreError(f"effect {eff!r} has no SQL implementation")
 
     def _diagnose(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> Rejected:
@@ -288,15 +305,27 @@ class SqlStore(Operations):
         with self._tx() as conn:
             return [
                 HistoryEntry(
-                    r["seq"], r["key"], r["event"], r["actor"], r["from_state"], r["to_state"],
-                    r["attempt_token"], r["generation"], _json(r["detail"]), r["recorded_at"],
+                    r["seq"],
+                    r["key"],
+                    r["event"],
+                    r["actor"],
+                    r["from_state"],
+                    r["to_state"],
+                    r["attempt_token"],
+                    r["generation"],
+                    _json(r["detail"]),
+                    r["recorded_at"],
                 )
                 for r in conn.execute(q).mappings()
             ]
 
     def attempts(self, key: str) -> list[Attempt]:
         with self._tx() as conn:
-            rows = conn.execute(sa.select(attempts).where(attempts.c.key == key).order_by(attempts.c.number)).mappings().all()
+            rows = (
+                conn.execute(sa.select(attempts).where(attempts.c.key == key).order_by(attempts.c.number))
+                .mappings()
+                .all()
+            )
             outs: dict[str, list[str]] = {}
             q = (
                 sa.select(attempt_outcomes.c.attempt_token, attempt_outcomes.c.outcome)
@@ -307,14 +336,24 @@ class SqlStore(Operations):
             for tok, outcome in conn.execute(q):
                 outs.setdefault(tok, []).append(outcome)
         return [
-            Attempt(r["attempt_token"], r["key"], r["number"], r["generation"], r["opened_at"], tuple(outs.get(r["attempt_token"], ())))
+            Attempt(
+                r["attempt_token"],
+                r["key"],
+                r["number"],
+                r["generation"],
+                r["opened_at"],
+                tuple(outs.get(r["attempt_token"], ())),
+            )
             for r in rows
         ]
 
     def reconciliations(self, key: str) -> list[Reconciliation]:
         q = sa.select(reconciliations).where(reconciliations.c.key == key).order_by(reconciliations.c.seq)
         with self._tx() as conn:
-            return [Reconciliation(r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"]) for r in conn.execute(q).mappings()]
+            return [
+                Reconciliation(r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"])
+                for r in conn.execute(q).mappings()
+            ]
 
     def due_leases(self, limit: int = 100) -> list[Intent]:
         """Intents whose lease expired by the database clock (uses the partial index ``aom_intents_lease_due``)."""
@@ -326,6 +365,17 @@ class SqlStore(Operations):
         )
         with self._tx() as conn:
             return [self._intent(r) for r in conn.execute(q).mappings()]
+
+    def claimable(self, limit: int = 100) -> list[str]:
+        """Keys of intents in the initial state with no open attempt (candidates for ``begin``)."""
+        q = (
+            sa.select(intents.c.key)
+            .where(intents.c.state == self.table.initial, intents.c.attempt_token.is_(None))
+            .order_by(intents.c.created_at)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return list(conn.execute(q).scalars())
 
     def total_attempts(self) -> int:
         with self._tx() as conn:

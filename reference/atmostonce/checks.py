@@ -8,7 +8,7 @@ The broken fixtures in ``tests/fixtures/broken_tables/`` prove each one bites.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from .table import Table
 

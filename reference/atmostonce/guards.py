@@ -9,7 +9,8 @@ cover exactly the table's catalogue.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["GUARDS", "GuardFn"]
 

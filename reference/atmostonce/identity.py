@@ -173,7 +173,9 @@ def delivery_key(account: str, action_kind: str, target: str, projection: Any) -
     _require("account", account)
     _require("action_kind", action_kind)
     _require("target", target)
-    return DeliveryKey(_identity("atmostonce/delivery-key", account, action_kind, target, _normalize_projection(projection)))
+    return DeliveryKey(
+        _identity("atmostonce/delivery-key", account, action_kind, target, _normalize_projection(projection))
+    )
 
 
 def request_digest(wire: Any) -> str:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from transitions import Machine
 
@@ -166,7 +167,13 @@ class MemoryStore(Operations):
         row["generation"] = gen
         row["lease_expires_at"] = now + args["lease_seconds"]
         self._attempts.append(
-            {"attempt_token": tok, "key": row["key"], "number": row["attempt_count"], "generation": gen, "opened_at": now}
+            {
+                "attempt_token": tok,
+                "key": row["key"],
+                "number": row["attempt_count"],
+                "generation": gen,
+                "opened_at": now,
+            }
         )
 
     def _eff_extend_lease(self, row, args, now, event):
@@ -192,6 +199,9 @@ class MemoryStore(Operations):
 
     def _eff_bump_resend_epoch(self, row, args, now, event):
         row["resend_epoch"] += 1
+
+    def _eff_grant_attempt(self, row, args, now, event):
+        row["max_attempts"] = max(row["max_attempts"], row["attempt_count"] + 1)
 
     # -- history --------------------------------------------------------------------------
     def _append_history(self, key, event, actor, from_state, row, args, now, token=None, gen=None):
@@ -239,7 +249,14 @@ class MemoryStore(Operations):
             for _, tok, outcome in self._attempt_outcomes:
                 outs.setdefault(tok, []).append(outcome)
             return [
-                Attempt(a["attempt_token"], a["key"], a["number"], a["generation"], a["opened_at"], tuple(outs.get(a["attempt_token"], ())))
+                Attempt(
+                    a["attempt_token"],
+                    a["key"],
+                    a["number"],
+                    a["generation"],
+                    a["opened_at"],
+                    tuple(outs.get(a["attempt_token"], ())),
+                )
                 for a in self._attempts
                 if a["key"] == key
             ]
@@ -252,9 +269,18 @@ class MemoryStore(Operations):
         """Intents whose lease has expired by the store clock, oldest deadline first."""
         with self._lock:
             now = self.now()
-            rows = [r for r in self._rows.values() if r["lease_expires_at"] is not None and r["lease_expires_at"] <= now]
+            rows = [
+                r for r in self._rows.values() if r["lease_expires_at"] is not None and r["lease_expires_at"] <= now
+            ]
             rows.sort(key=lambda r: r["lease_expires_at"])
             return [self._intent(r) for r in rows[:limit]]
+
+    def claimable(self, limit: int = 100) -> list[str]:
+        """Keys of intents in the initial state with no open attempt (candidates for ``begin``)."""
+        with self._lock:
+            rows = [r for r in self._rows.values() if r["state"] == self.table.initial and r["attempt_token"] is None]
+            rows.sort(key=lambda r: (r["created_at"], r["key"]))
+            return [r["key"] for r in rows[:limit]]
 
     def total_attempts(self) -> int:
         with self._lock:

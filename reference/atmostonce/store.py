@@ -12,7 +12,8 @@ the model and the stores cannot drift in what they accept.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 from .errors import IntakeError
 from .records import (
@@ -125,7 +126,10 @@ class Operations:
         return self._apply("block_at_gate", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
 
     def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent:
-        args = _lease_args(lease) | {"remote_id": _need_text("remote_id", remote_id), "response_digest": response_digest}
+        args = _lease_args(lease) | {
+            "remote_id": _need_text("remote_id", remote_id),
+            "response_digest": response_digest,
+        }
         return self._apply("record_success", lease.key, args)
 
     def confirm_read_back(self, lease: Lease) -> Intent:
@@ -229,5 +233,6 @@ class Store(Protocol):
     def attempts(self, key: str) -> list[Attempt]: ...
     def reconciliations(self, key: str) -> list[Reconciliation]: ...
     def due_leases(self, limit: int = 100) -> list[Intent]: ...
+    def claimable(self, limit: int = 100) -> list[str]: ...
     def now(self) -> float: ...
     def close(self) -> None: ...

@@ -22,8 +22,9 @@ at most one request on the wire.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "Capabilities",
@@ -118,4 +119,5 @@ class Transport(Protocol):
     def send(self, request: WireRequest) -> SendResult: ...
     def read_back(self, remote_id: str) -> ReadBackResult: ...
     def lookup(self, delivery_key: str, resend_epoch: int = 0) -> LookupResult: ...
+    def matches(self, request: WireRequest, found: Found) -> bool: ...
     def close(self) -> None: ...

@@ -1,0 +1,61 @@
+# atmostonce: two commands on a fresh machine: `make demo` and `make test`.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PYTEST  := $(BIN)/pytest
+WORKERS ?= 2
+
+.PHONY: demo test quick lint spec-check docs docs-check soak bench mutation wheel-check clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+## the main job on the embedded default (SQLite + the local platform sink)
+demo: $(STAMP)
+	$(BIN)/atmostonce demo
+
+## the whole test suite: unit, stateful (model, SQLite, PostgreSQL), transports, end to end
+test: $(STAMP)
+	$(PYTEST) -n $(WORKERS) -q -p no:randomly
+
+## spec check + lint + docs lint + fast tests, under a minute
+quick: $(STAMP) spec-check lint docs-check
+	$(PYTEST) -q -x -m "not postgres and not slow" -n $(WORKERS) \
+	  --ignore=tests/test_store_differential.py --ignore=tests/test_pgserver.py
+
+spec-check: $(STAMP)
+	$(BIN)/atmostonce spec check
+
+lint: $(STAMP)
+	$(BIN)/ruff check reference adapters tests mutation
+	$(BIN)/ruff format --check reference adapters tests mutation
+
+## regenerate docs/ tables and diagrams from spec/table.toml
+docs: $(STAMP)
+	$(BIN)/python -m atmostonce.docgen --write
+
+docs-check: $(STAMP)
+	$(BIN)/python -m atmostonce.docgen --check
+
+## longer stateful runs against the real databases
+soak: $(STAMP)
+	HYPOTHESIS_PROFILE=soak $(PYTEST) -q tests/test_store_differential.py
+
+## build the wheel, install it into a fresh virtual environment, load the table from there
+wheel-check: $(STAMP)
+	rm -rf build/wheel-check && mkdir -p build/wheel-check
+	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel-check .
+	$(PY) -m venv build/wheel-check/venv
+	build/wheel-check/venv/bin/python -m pip install -q build/wheel-check/*.whl
+	cd build && wheel-check/venv/bin/python -c "import atmostonce, atmostonce.table as t; \
+	  p = t.spec_dir(); assert 'site-packages' in str(p), p; \
+	  from atmostonce.checks import check_table; assert check_table(atmostonce.table()) == {}; \
+	  print('wheel ships the table:', p)"
+	cd build && wheel-check/venv/bin/atmostonce spec check
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .ruff_cache mutants

@@ -1,0 +1,222 @@
+"""The main job: publish N intents through a faulty platform with crashing workers, and count duplicates.
+
+On the embedded default (a SQLite file and the in-process platform sink) or on
+PostgreSQL (``--database-url``). The sink runs *without* idempotency-key
+dedupe, so any resend by the runtime would show up as a second object: the
+duplicate count is a real measurement, not the platform covering for us. Its
+lookup by key is fenced (seed 004 M4), so an unknown outcome whose lookup
+proves absence may be retried; every other unknown stays unknown.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from atmostonce.runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
+
+from .stores import open_store_url
+
+__all__ = ["DEFAULT_FAULT_MIX", "DemoResult", "run_demo"]
+
+DEFAULT_FAULT_MIX = {
+    "delay": 0.04,  # longer than the client's read timeout: unknown, and it may still land
+    "error_before_write": 0.05,
+    "error_after_write": 0.05,
+    "drop_before_write": 0.05,
+    "drop_after_write": 0.05,
+    "reset": 0.03,
+    "read_lag": 0.08,
+}
+
+
+@dataclass
+class DemoResult:
+    intents: int
+    by_state: dict[str, int]
+    creates: int
+    create_requests: int
+    duplicates: int
+    duplicate_keys: list[str]
+    published_without_object: int
+    crashes: int
+    outcomes: dict[str, int]
+    faults: dict[str, int]
+    seconds: float
+    database: str
+    finished: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.duplicates == 0 and self.published_without_object == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["ok"] = self.ok
+        return d
+
+
+class _Crasher:
+    """Kills a dispatch at a random step boundary with probability ``rate`` per boundary."""
+
+    def __init__(self, rate: float, seed: int):
+        self.rate, self.rng, self.lock, self.count = rate, random.Random(seed), threading.Lock(), 0
+
+    def __call__(self, point: str) -> None:
+        assert point in CRASH_POINTS
+        with self.lock:
+            hit = self.rng.random() < self.rate
+            if hit:
+                self.count += 1
+        if hit:
+            raise SimulatedCrash(point)
+
+
+def _progress(out: TextIO, counts: dict[str, int], elapsed: float, final: bool = False) -> None:
+    line = "  ".join(f"{k} {v:>4}" for k, v in counts.items())
+    if out.isatty():
+        out.write(f"\r[{elapsed:6.1f}s] {line}" + ("\n" if final else ""))
+    else:
+        out.write(f"[{elapsed:6.1f}s] {line}\n")
+    out.flush()
+
+
+def run_demo(
+    n: int = 200,
+    workers: int = 4,
+    database_url: str | None = None,
+    seed: int = 1,
+    fault_mix: dict[str, float] | None = None,
+    crash_rate: float = 0.03,
+    timeout: float = 180.0,
+    progress: TextIO | None = sys.stderr,
+    progress_every: float = 1.0,
+) -> DemoResult:
+    """Run the demo; returns a :class:`DemoResult`. Times are seconds.
+
+    Raises ``ValueError`` for a bad argument, ``StoreError`` when the database fails.
+    """
+    from atmostonce_http import HttpTransport, PlatformSink, sink_config
+
+    if n < 1 or workers < 1:
+        raise ValueError("need at least one intent and one worker")
+    tmp = None
+    if database_url is None:
+        tmp = tempfile.mkdtemp(prefix="atmostonce-demo-")
+        database_url = f"sqlite:///{Path(tmp) / 'demo.sqlite3'}"
+    store = open_store_url(database_url)
+    existing = sum(store.count_by_state().values())
+    if existing:
+        store.close()
+        raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
+    run = uuid.uuid4().hex[:8]
+    config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25)
+    crasher = _Crasher(crash_rate, seed)
+    outcomes: dict[str, int] = {}
+    olock = threading.Lock()
+
+    def on_result(key: str, result: Any) -> None:
+        name = result if isinstance(result, str) else f"{type(result).__name__}"
+        with olock:
+            outcomes[name] = outcomes.get(name, 0) + 1
+
+    started = time.monotonic()
+    with PlatformSink(dedupe=False, fenced_lookup=True, delay_seconds=1.2, read_lag_seconds=0.4) as sink:
+        sink.set_fault_mix(fault_mix if fault_mix is not None else DEFAULT_FAULT_MIX, seed=seed)
+        cfg = sink_config(
+            sink.url,
+            key_field="/delivery_key",
+            lookup_fenced=True,
+            idempotent_resend=False,
+            connect_timeout=2.0,
+            write_timeout=2.0,
+            read_timeout=0.8,
+        )
+        transport = HttpTransport(cfg)
+        keys = [
+            store.submit(f"demo-account-{i % 3}", "post", "demo-room", {"text": f"demo post {i} of run {run}"}).key
+            for i in range(n)
+        ]
+        stop = threading.Event()
+        dispatcher = Dispatcher(store, transport, config, crash=crasher)
+        threads = [
+            Worker(dispatcher, lambda: store.claimable(32), stop=stop, on_result=on_result, seed=seed + i)
+            for i in range(workers)
+        ]
+        for t in threads:
+            t.start()
+        sweeper, reconciler = Sweeper(store, config), Reconciler(store, transport, config)
+        open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+        finished = False
+        last = 0.0
+        while time.monotonic() - started < timeout:
+            time.sleep(0.1)
+            sweeper.tick()
+            for name, v in reconciler.run().items():
+                with olock:
+                    outcomes[f"reconcile:{name}"] = outcomes.get(f"reconcile:{name}", 0) + v
+            counts = store.count_by_state()
+            if progress is not None and time.monotonic() - last >= progress_every:
+                _progress(progress, counts, time.monotonic() - started)
+                last = time.monotonic()
+            if all(counts[s] == 0 for s in open_kinds):
+                finished = True
+                break
+        stop.set()
+        for t in threads:
+            t.join(timeout=10)
+        counts = store.count_by_state()
+        if progress is not None:
+            _progress(progress, counts, time.monotonic() - started, final=True)
+        by_key = sink.creates_by_key
+        dup_keys = sorted(k for k, c in by_key.items() if c > 1)
+        on_platform = {obj["body"].get("delivery_key") for obj in sink.objects.values()}
+        published = [it for it in store.list_intents(limit=n + 1) if it.state == "published"]
+        missing = sum(1 for it in published if it.key not in on_platform)
+        result = DemoResult(
+            intents=len(keys),
+            by_state=counts,
+            creates=sink.creates,
+            create_requests=sink.requests,
+            duplicates=sum(c - 1 for c in by_key.values() if c > 1),
+            duplicate_keys=dup_keys,
+            published_without_object=missing,
+            crashes=crasher.count,
+            outcomes=dict(sorted(outcomes.items())),
+            faults=dict(sink.faults_applied),
+            seconds=round(time.monotonic() - started, 2),
+            database=database_url.split("@")[-1],
+            finished=finished,
+        )
+        transport.close()
+    store.close()
+    return result
+
+
+def format_result(r: DemoResult) -> str:
+    rows = [("intents", r.intents)]
+    rows += [(f"  {state}", count) for state, count in r.by_state.items()]
+    rows += [
+        ("create requests the platform received", r.create_requests),
+        ("objects the platform created", r.creates),
+        ("duplicates (must be 0)", r.duplicates),
+        ("published intents with no object", r.published_without_object),
+        ("workers killed at a step boundary", r.crashes),
+        ("faults injected", sum(r.faults.values())),
+        ("time (s)", r.seconds),
+        ("database", r.database),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if not r.finished:
+        lines.append("note: stopped at the timeout with intents still open")
+    lines.append("OK: at most once" if r.ok else f"FAILED: duplicates for {r.duplicate_keys[:5]}")
+    return "\n".join(lines)

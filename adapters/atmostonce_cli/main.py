@@ -1,0 +1,327 @@
+"""``atmostonce``: the demo, operator commands, migrations and table checks.
+
+Exit codes: 0 success; 1 a refused move (the table or a guard said no) or a
+demo that found duplicates; 2 bad usage or input; 3 a store or platform error.
+``--json`` prints machine-readable output on stdout; errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from atmostonce.errors import IntakeError, Rejected, StoreError
+from atmostonce.records import Intent
+
+from .stores import DEFAULT_URL, open_store_url
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_STORE = 0, 1, 2, 3
+
+
+def _ts(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _table(rows: list[dict[str, Any]], cols: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    head = "  ".join(c.upper().ljust(widths[c]) for c in cols)
+    body = ["  ".join(str(r.get(c, "")).ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join([head, *body])
+
+
+def _intent_dict(it: Intent) -> dict[str, Any]:
+    d = {k: getattr(it, k) for k in Intent.__dataclass_fields__}
+    d["request"] = dict(it.request)
+    d["descriptor"] = dict(it.descriptor) if it.descriptor else None
+    return d
+
+
+def _emit(args, data: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print(text)
+
+
+def _store(args):
+    return open_store_url(args.database_url)
+
+
+def _resolve_key(store, key: str) -> str:
+    """Accept a full delivery key or a unique prefix of at least 8 characters."""
+    if store.find(key) is not None:
+        return key
+    if len(key) >= 8:
+        matches = [it.key for it in store.list_intents(limit=100_000) if it.key.startswith(key)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise IntakeError(f"key prefix {key!r} matches {len(matches)} intents; give more characters")
+    return key
+
+
+# ---------------------------------------------------------------- commands
+def cmd_demo(args) -> int:
+    from .demo import format_result, run_demo
+
+    result = run_demo(
+        n=args.intents,
+        workers=args.workers,
+        database_url=args.database_url,
+        seed=args.seed,
+        crash_rate=args.crash_rate,
+        timeout=args.timeout,
+        progress=None if args.json else sys.stderr,
+    )
+    _emit(args, result.as_dict(), format_result(result))
+    return EXIT_OK if result.ok else EXIT_REFUSED
+
+
+def cmd_intents_list(args) -> int:
+    store = _store(args)
+    if args.state is not None and args.state not in store.table.states:
+        raise IntakeError(f"unknown state {args.state!r}; states: {', '.join(store.table.states)}")
+    items = store.list_intents(state=args.state, limit=args.limit)
+    rows = [
+        {
+            "key": it.key[:16],
+            "state": it.state,
+            "account": it.account,
+            "kind": it.action_kind,
+            "target": it.target,
+            "attempts": f"{it.attempt_count}/{it.max_attempts}",
+            "remote_id": it.remote_id or "-",
+            "updated": _ts(it.updated_at),
+        }
+        for it in items
+    ]
+    _emit(
+        args,
+        [_intent_dict(it) for it in items],
+        _table(rows, ["key", "state", "account", "kind", "target", "attempts", "remote_id", "updated"]),
+    )
+    return EXIT_OK
+
+
+def cmd_intents_show(args) -> int:
+    store = _store(args)
+    key = _resolve_key(store, args.key)
+    it = store.get(key)
+    hist = store.history(key)
+    atts = store.attempts(key)
+    recs = store.reconciliations(key)
+    data = {
+        "intent": _intent_dict(it),
+        "history": [h.__dict__ | {"detail": dict(h.detail)} for h in hist],
+        "attempts": [a.__dict__ for a in atts],
+        "reconciliations": [r.__dict__ for r in recs],
+    }
+    rows = [
+        {
+            "seq": h.seq,
+            "event": h.event,
+            "actor": h.actor,
+            "from": h.from_state or "-",
+            "to": h.to_state,
+            "generation": h.generation if h.generation is not None else "-",
+            "wall_time": _ts(h.recorded_at),
+            "detail": ", ".join(f"{k}={v}" for k, v in h.detail.items() if k != "descriptor"),
+        }
+        for h in hist
+    ]
+    text = "\n".join(
+        [
+            f"intent {it.key}",
+            f"  state {it.state}  account {it.account}  kind {it.action_kind}  target {it.target}",
+            f"  attempts {it.attempt_count}/{it.max_attempts}  reconciles {it.reconcile_count}/{it.max_reconciles}"
+            f"  resend epoch {it.resend_epoch}  remote id {it.remote_id or '-'}",
+            "history (ordered by store sequence; wall time is context only):",
+            _table(rows, ["seq", "event", "actor", "from", "to", "generation", "wall_time", "detail"]),
+        ]
+    )
+    _emit(args, data, text)
+    return EXIT_OK
+
+
+def _platform(args):
+    from atmostonce_http import HttpPlatformConfig, HttpTransport
+
+    if not args.platform_config:
+        raise IntakeError("this command needs --platform-config FILE (JSON for HttpPlatformConfig)")
+    with open(args.platform_config, encoding="utf-8") as f:
+        return HttpTransport(HttpPlatformConfig.from_mapping(json.load(f)))
+
+
+def cmd_sweep(args) -> int:
+    from atmostonce.runtime import Sweeper
+
+    counts = Sweeper(_store(args)).sweep_leases()
+    _emit(args, counts, "  ".join(f"{k} {v}" for k, v in counts.items()))
+    return EXIT_OK
+
+
+def cmd_reconcile(args) -> int:
+    from atmostonce.runtime import Reconciler
+
+    transport = _platform(args)
+    try:
+        counts = Reconciler(_store(args), transport).run(limit=args.limit)
+    finally:
+        transport.close()
+    _emit(args, counts, "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to reconcile")
+    return EXIT_OK
+
+
+def _moved(args, it: Intent) -> int:
+    _emit(args, _intent_dict(it), f"{it.key[:16]}  now {it.state}")
+    return EXIT_OK
+
+
+def cmd_park(args) -> int:
+    store = _store(args)
+    return _moved(args, store.park(_resolve_key(store, args.key), operator=args.operator, reason=args.reason))
+
+
+def cmd_retry(args) -> int:
+    store = _store(args)
+    return _moved(args, store.retry(_resolve_key(store, args.key)))
+
+
+def cmd_resend(args) -> int:
+    store = _store(args)
+    return _moved(args, store.resend(_resolve_key(store, args.key), operator=args.operator))
+
+
+def cmd_resolve(args) -> int:
+    store = _store(args)
+    key = _resolve_key(store, args.key)
+    if args.published is not None:
+        return _moved(args, store.resolve_published(key, operator=args.operator, remote_id=args.published))
+    return _moved(args, store.resolve_not_sent(key, operator=args.operator, reason=args.reason))
+
+
+def cmd_db_upgrade(args) -> int:
+    from atmostonce_sql import make_engine, upgrade
+    from atmostonce_sql.migrate import current_revision
+
+    engine = make_engine(args.database_url or DEFAULT_URL)
+    try:
+        upgrade(engine)
+        rev = current_revision(engine)
+    finally:
+        engine.dispose()
+    _emit(args, {"revision": rev}, f"database at revision {rev}")
+    return EXIT_OK
+
+
+def cmd_spec_check(args) -> int:
+    from atmostonce.checks import check_table
+    from atmostonce.table import load_table
+
+    problems = check_table(load_table(args.table) if args.table else __import__("atmostonce").table())
+    _emit(args, problems, "\n".join(f"{k}: {p}" for k, ps in problems.items() for p in ps) or "table: all checks pass")
+    return EXIT_REFUSED if problems else EXIT_OK
+
+
+# ---------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="atmostonce", description="Publish side effects at most once.")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def db(sp):
+        sp.add_argument("--database-url", help=f"store URL (default $ATMOSTONCE_DATABASE_URL or {DEFAULT_URL})")
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+        return sp
+
+    d = sub.add_parser("demo", help="the main job: N intents through a faulty platform, crashing workers")
+    d.add_argument("--intents", "-n", type=int, default=200)
+    d.add_argument("--workers", type=int, default=4)
+    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--crash-rate", type=float, default=0.03, help="probability of a crash at each step boundary")
+    d.add_argument("--timeout", type=float, default=180.0, help="seconds before giving up on open intents")
+    d.add_argument("--database-url", help="run on this (empty) database instead of a fresh SQLite file")
+    d.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    d.set_defaults(func=cmd_demo)
+
+    it = sub.add_parser("intents", help="inspect intents").add_subparsers(dest="sub", required=True)
+    ls = db(it.add_parser("list", help="list intents"))
+    ls.add_argument("--state")
+    ls.add_argument("--limit", type=int, default=100)
+    ls.set_defaults(func=cmd_intents_list)
+    sh = db(it.add_parser("show", help="one intent and its history timeline"))
+    sh.add_argument("key")
+    sh.set_defaults(func=cmd_intents_show)
+
+    sw = db(sub.add_parser("sweep", help="act on expired leases once"))
+    sw.set_defaults(func=cmd_sweep)
+    rc = db(sub.add_parser("reconcile", help="look indeterminate intents up on the platform (one lookup each)"))
+    rc.add_argument("--platform-config", help="JSON file with the HTTP platform configuration")
+    rc.add_argument("--limit", type=int, default=50)
+    rc.set_defaults(func=cmd_reconcile)
+
+    pk = db(sub.add_parser("park", help="stop the machine working on an intent (operator)"))
+    pk.add_argument("key")
+    pk.add_argument("--operator", required=True)
+    pk.add_argument("--reason", default="operator stop")
+    pk.set_defaults(func=cmd_park)
+    rt = db(sub.add_parser("retry", help="re-queue a failed intent (refused from any other state)"))
+    rt.add_argument("key")
+    rt.set_defaults(func=cmd_retry)
+    rs = db(sub.add_parser("resend", help="deliberately send a parked intent again under a new resend epoch"))
+    rs.add_argument("key")
+    rs.add_argument("--operator", required=True)
+    rs.set_defaults(func=cmd_resend)
+    rv = db(sub.add_parser("resolve", help="settle a parked intent by what a human saw on the platform"))
+    rv.add_argument("key")
+    rv.add_argument("--operator", required=True)
+    g = rv.add_mutually_exclusive_group(required=True)
+    g.add_argument("--published", metavar="REMOTE_ID", help="the object exists with this remote id")
+    g.add_argument("--not-sent", action="store_true", help="nothing was sent (makes it retryable)")
+    rv.add_argument("--reason", default="operator: not sent")
+    rv.set_defaults(func=cmd_resolve)
+
+    dbp = sub.add_parser("db", help="database administration").add_subparsers(dest="sub", required=True)
+    up = db(dbp.add_parser("upgrade", help="apply migrations"))
+    up.set_defaults(func=cmd_db_upgrade)
+
+    sp = sub.add_parser("spec", help="the transition table").add_subparsers(dest="sub", required=True)
+    ck = sp.add_parser("check", help="run the table's static checks")
+    ck.add_argument("--table", help="a table file other than the shipped one")
+    ck.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    ck.set_defaults(func=cmd_spec_check)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "json"):
+        args.json = False
+    try:
+        return args.func(args)
+    except Rejected as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"refused": exc.as_dict()}))
+        return EXIT_REFUSED
+    except (IntakeError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StoreError as exc:
+        print(f"store error: {exc}", file=sys.stderr)
+        return EXIT_STORE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""An HTTP transport for any JSON REST API, configured by data (seed 004 M3, M4).
+
+:class:`HttpTransport` implements :class:`atmostonce.transport.Transport` on
+httpx. One :meth:`HttpTransport.send` puts at most one request on the wire:
+httpx retries are off (``HTTPTransport(retries=0)``), redirects are not
+followed, and keep-alive is off so every send opens its own connection (a
+stale pooled connection can never turn a clean refusal into an unknown).
+Results are classified by the table in ``spec/http_outcomes.toml`` (see
+:mod:`atmostonce_http.classify`).
+
+:class:`HttpPlatformConfig` describes a platform: where to create, where the
+object id comes back, how to read an object back and look one up by key.
+All durations are in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import re
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+import httpx
+
+from atmostonce.errors import AtMostOnceError
+from atmostonce.identity import canonical_json, digest_bytes
+from atmostonce.transport import (
+    Capabilities,
+    Found,
+    LookupResult,
+    NotFound,
+    NotSent,
+    ReadBackResult,
+    SendResult,
+    Sent,
+    Unknown,
+    Unsupported,
+    WireRequest,
+)
+
+from ._pointer import pointer_get, pointer_set, split_pointer
+from .classify import Classification, OutcomeTable, error_kind, outcome_table
+
+__all__ = ["HttpPlatformConfig", "HttpTransport", "HttpTransportError", "sink_config"]
+
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
+_METHODS = ("POST", "PUT", "PATCH")
+_FRAMING = frozenset(
+    {"content-length", "transfer-encoding", "host", "connection", "keep-alive", "te", "trailer", "upgrade"}
+)
+
+
+class HttpTransportError(AtMostOnceError):
+    """A read-back or lookup got no usable answer (network failure or unexpected status).
+
+    Raised instead of returning :class:`NotFound`, so that a failed lookup can
+    never pass for proven absence. ``status`` is the HTTP status, or ``None``.
+    """
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+def _check_header(name: Any, value: Any) -> None:
+    if not isinstance(name, str) or not _TOKEN.match(name):
+        raise ValueError(f"invalid header name {name!r}")
+    if name.lower() in _FRAMING:
+        raise ValueError(f"header {name!r} is set by the transport, not by the caller")
+    if not isinstance(value, str) or _BAD_VALUE.search(value):
+        raise ValueError(f"invalid value for header {name!r}")
+
+
+def _seconds(name: str, value: Any, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True)
+class HttpPlatformConfig:
+    """How to talk to one JSON REST platform. Immutable; every field is plain data.
+
+    * ``base_url``: ``http://`` or ``https://`` origin plus optional prefix; paths are appended.
+    * ``create_path`` / ``create_method``: where and how to create (POST, PUT or PATCH);
+      ``{key}`` in the path is replaced by the URL-quoted idempotency key.
+    * ``id_pointer``: RFC 6901 pointer to the object id in the create (and lookup) response
+      body; or ``id_from_location=True`` to take the last path segment of ``Location``.
+    * ``read_back_path``: template with ``{id}``; ``None`` disables read-back.
+    * ``lookup_path``: template with ``{key}`` (the idempotency key); ``None``: no lookup.
+    * ``body_pointer``: where the posted body sits in a read-back or lookup response (``""``: all of it).
+    * ``idempotency_header``: header carrying the idempotency key (``None``: not sent).
+    * ``key_field``: pointer at which the idempotency key is embedded in the body (``None``: not embedded).
+    * ``may_exist_statuses``: 4xx codes meaning "may already exist" (classified unknown).
+    * ``connect_timeout`` / ``write_timeout`` / ``read_timeout``: seconds (connect also bounds waiting for a pool slot).
+    * ``lookup_fenced``: a not-found lookup proves absence; ``idempotent_resend``: the platform dedupes
+      a resend with the same key (within ``resend_window_seconds``, ``None``: unbounded).
+    * ``headers``: static extra headers as ``(name, value)`` pairs; ``verify`` / ``ca_file``: TLS checking;
+      ``trust_env``: honour proxy environment variables (off: a proxy would blur the classification);
+      ``max_connections``: concurrent sends.
+
+    Raises ``ValueError`` on an invalid field.
+    """
+
+    base_url: str
+    create_path: str = "/"
+    create_method: str = "POST"
+    id_pointer: str | None = "/id"
+    id_from_location: bool = False
+    read_back_path: str | None = None
+    lookup_path: str | None = None
+    body_pointer: str = ""
+    idempotency_header: str | None = "Idempotency-Key"
+    key_field: str | None = None
+    may_exist_statuses: tuple[int, ...] = (409,)
+    connect_timeout: float = 5.0
+    write_timeout: float = 10.0
+    read_timeout: float = 30.0
+    lookup_fenced: bool = False
+    idempotent_resend: bool = False
+    resend_window_seconds: float | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    verify: bool = True
+    ca_file: str | None = None
+    trust_env: bool = False
+    max_connections: int = 100
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_url, str) or not re.match(r"^https?://[^/]", self.base_url):
+            raise ValueError(f"base_url must be an http:// or https:// URL, got {self.base_url!r}")
+        for name in ("create_path", "read_back_path", "lookup_path"):
+            path = getattr(self, name)
+            if path is not None and (not isinstance(path, str) or not path.startswith("/")):
+                raise ValueError(f"{name} must start with '/', got {path!r}")
+        if self.read_back_path is not None and "{id}" not in self.read_back_path:
+            raise ValueError("read_back_path must contain {id}")
+        if self.lookup_path is not None and "{key}" not in self.lookup_path:
+            raise ValueError("lookup_path must contain {key}")
+        method = str(self.create_method).upper()
+        if method not in _METHODS:
+            raise ValueError(f"create_method must be one of {_METHODS}, got {self.create_method!r}")
+        object.__setattr__(self, "create_method", method)
+        if not self.id_from_location:
+            if self.id_pointer is None:
+                raise ValueError("set id_pointer or id_from_location=True")
+            split_pointer(self.id_pointer)
+        split_pointer(self.body_pointer)
+        if self.key_field is not None and not split_pointer(self.key_field):
+            raise ValueError("key_field must point inside the body, e.g. '/idempotency_key'")
+        if self.idempotency_header is not None:
+            _check_header(self.idempotency_header, "x")
+        statuses = tuple(self.may_exist_statuses)
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 400 <= s <= 499 for s in statuses):
+            raise ValueError(f"may_exist_statuses must be 4xx integers, got {self.may_exist_statuses!r}")
+        object.__setattr__(self, "may_exist_statuses", statuses)
+        for name in ("connect_timeout", "write_timeout", "read_timeout"):
+            _seconds(name, getattr(self, name))
+        _seconds("resend_window_seconds", self.resend_window_seconds, optional=True)
+        if self.lookup_fenced and self.lookup_path is None:
+            raise ValueError("lookup_fenced needs a lookup_path")
+        pairs = tuple(tuple(p) for p in self.headers)
+        for pair in pairs:
+            if len(pair) != 2:
+                raise ValueError(f"headers must be (name, value) pairs, got {pair!r}")
+            _check_header(*pair)
+        object.__setattr__(self, "headers", pairs)
+        if (
+            isinstance(self.max_connections, bool)
+            or not isinstance(self.max_connections, int)
+            or self.max_connections < 1
+        ):
+            raise ValueError(f"max_connections must be a positive integer, got {self.max_connections!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> HttpPlatformConfig:
+        """Build from plain data (e.g. parsed TOML/JSON). ``headers`` may be a mapping.
+
+        Raises ``ValueError`` for unknown keys, a missing ``base_url`` or an invalid value.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown platform config keys: {sorted(unknown)}")
+        if "base_url" not in data:
+            raise ValueError("platform config needs base_url")
+        kwargs = dict(data)
+        if isinstance(kwargs.get("headers"), Mapping):
+            kwargs["headers"] = tuple(kwargs["headers"].items())
+        if "may_exist_statuses" in kwargs:
+            kwargs["may_exist_statuses"] = tuple(kwargs["may_exist_statuses"])
+        return cls(**kwargs)
+
+    def as_mapping(self) -> dict[str, Any]:
+        """Plain-data form; ``HttpPlatformConfig.from_mapping(c.as_mapping()) == c``."""
+        out = dataclasses.asdict(self)
+        out["may_exist_statuses"] = list(self.may_exist_statuses)
+        out["headers"] = dict(self.headers)
+        return out
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            read_back=self.read_back_path is not None,
+            lookup_by_key=self.lookup_path is not None,
+            idempotent_resend=self.idempotent_resend,
+            fenced_lookup=self.lookup_fenced and self.lookup_path is not None,
+            resend_window_seconds=self.resend_window_seconds,
+        )
+
+
+def sink_config(base_url: str, **overrides: Any) -> HttpPlatformConfig:
+    """Config for :class:`atmostonce_http.sink.PlatformSink` at ``base_url``; ``overrides`` replace fields.
+
+    The sink dedupes by ``Idempotency-Key`` (so ``idempotent_resend``) but its
+    lookup is not fenced: with read lag a missing object may still exist.
+    """
+    cfg = HttpPlatformConfig(
+        base_url=base_url,
+        create_path="/posts",
+        create_method="POST",
+        id_pointer="/id",
+        read_back_path="/posts/{id}",
+        lookup_path="/posts?key={key}",
+        body_pointer="/body",
+        idempotency_header="Idempotency-Key",
+        may_exist_statuses=(409,),
+        lookup_fenced=False,
+        idempotent_resend=True,
+    )
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def _usable_id(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value.strip() and not any(ord(c) < 32 for c in value):
+        return value
+    return None
+
+
+class HttpTransport:
+    """The :class:`atmostonce.transport.Transport` for a JSON REST platform.
+
+    ``HttpTransport(config)`` takes an :class:`HttpPlatformConfig` or a mapping
+    for :meth:`HttpPlatformConfig.from_mapping` (``ValueError`` if invalid).
+    Use as a context manager or call :meth:`close`.
+    """
+
+    name = "http"
+    protocol_version = 1
+
+    def __init__(self, config: HttpPlatformConfig | Mapping[str, Any], *, table: OutcomeTable | None = None):
+        self.config = config if isinstance(config, HttpPlatformConfig) else HttpPlatformConfig.from_mapping(config)
+        self.capabilities: Capabilities = self.config.capabilities
+        self._table = table if table is not None else outcome_table()
+        self._base = self.config.base_url.rstrip("/")
+        cfg = self.config
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=cfg.ca_file) if cfg.ca_file else cfg.verify
+        wire = httpx.HTTPTransport(
+            retries=0,
+            verify=verify,
+            trust_env=cfg.trust_env,
+            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=0),
+        )
+        self._client = httpx.Client(
+            transport=wire,
+            timeout=httpx.Timeout(
+                connect=cfg.connect_timeout, write=cfg.write_timeout, read=cfg.read_timeout, pool=cfg.connect_timeout
+            ),
+            follow_redirects=False,
+            trust_env=cfg.trust_env,
+            headers=dict(cfg.headers),
+        )
+
+    # ---------------------------------------------------------------- send
+    def wire_body(self, request: WireRequest) -> dict[str, Any]:
+        """The JSON document sent for ``request``: a deep copy of its body with the key at ``key_field``.
+
+        Raises ``ValueError`` if the key cannot be embedded.
+        """
+        body = copy.deepcopy(dict(request.body))
+        if self.config.key_field is not None:
+            pointer_set(body, self.config.key_field, request.idempotency_key)
+        return body
+
+    def _url(self, template: str, **values: str) -> str:
+        path = template
+        for name, value in values.items():
+            path = path.replace("{" + name + "}", quote(value, safe=""))
+        return self._base + path
+
+    def _prepare(self, request: WireRequest) -> httpx.Request:
+        if self._client.is_closed:
+            raise ValueError("the transport is closed")
+        content = canonical_json(self.wire_body(request))
+        headers = httpx.Headers()
+        for name, value in request.headers.items():
+            _check_header(name, value)
+            headers[name] = value
+        headers["Content-Type"] = "application/json"  # item assignment replaces any casing
+        if self.config.idempotency_header is not None:
+            _check_header(self.config.idempotency_header, request.idempotency_key)
+            headers[self.config.idempotency_header] = request.idempotency_key
+        url = self._url(self.config.create_path, key=request.idempotency_key)
+        return self._client.build_request(self.config.create_method, url, content=content, headers=headers)
+
+    def _created_id(self, response: httpx.Response) -> str | None:
+        if self.config.id_from_location:
+            location = response.headers.get("location")
+            if not location:
+                return None
+            segments = [s for s in urlsplit(location).path.split("/") if s]
+            return _usable_id(unquote(segments[-1])) if segments else None
+        try:
+            doc = json.loads(response.content)
+        except ValueError:
+            return None
+        return _usable_id(pointer_get(doc, self.config.id_pointer or ""))
+
+    def _result(
+        self, c: Classification, detail: str, remote_id: str | None = None, digest: str | None = None
+    ) -> SendResult:
+        if c.outcome == "success" and remote_id is not None:
+            return Sent(remote_id, digest)
+        if c.outcome == "not_sent":
+            return NotSent(f"{c.row}: {detail}")
+        return Unknown(f"{c.row}: {detail}")
+
+    def send(self, request: WireRequest) -> SendResult:
+        """Send ``request`` once and classify the result; never raises for a network or HTTP failure.
+
+        Returns :class:`Sent` (``remote_id``, SHA-256 of the response body),
+        :class:`NotSent` or :class:`Unknown`, whose ``reason`` starts with the
+        table row that decided (e.g. ``error:connect_refused``, ``status:500-599``).
+        The idempotency key sent is ``request.idempotency_key``.
+        """
+        try:
+            prepared = self._prepare(request)
+        except (ValueError, TypeError, httpx.InvalidURL) as exc:
+            return self._result(self._table.for_error("invalid_request"), f"{type(exc).__name__}: {exc}")
+        try:
+            response = self._client.send(prepared, follow_redirects=False)
+        except Exception as exc:  # classified by the table; anything unrecognised is "other" -> unknown
+            return self._result(self._table.for_error(error_kind(exc)), f"{type(exc).__name__}: {exc}")
+        remote_id = self._created_id(response)
+        c = self._table.for_status(
+            response.status_code, has_id=remote_id is not None, may_exist_statuses=self.config.may_exist_statuses
+        )
+        return self._result(c, f"HTTP {response.status_code}", remote_id, digest_bytes(response.content))
+
+    # ---------------------------------------------------------------- read back / lookup
+    def _get(self, url: str, what: str) -> httpx.Response:
+        try:
+            return self._client.get(url, follow_redirects=False)
+        except Exception as exc:
+            raise HttpTransportError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _body_of(self, response: httpx.Response) -> Mapping[str, Any] | None:
+        try:
+            doc = json.loads(response.content)
+        except ValueError:
+            return None
+        body = pointer_get(doc, self.config.body_pointer)
+        return body if isinstance(body, dict) else None
+
+    def read_back(self, remote_id: str) -> ReadBackResult:
+        """GET the object: :class:`Found` (``body`` at ``body_pointer``, ``None`` if unreadable) or :class:`NotFound` on 404/410.
+
+        Raises :class:`HttpTransportError` when read-back is not configured, on a
+        network failure, or on any other status.
+        """
+        if self.config.read_back_path is None:
+            raise HttpTransportError("read-back is not configured (read_back_path is None)")
+        response = self._get(self._url(self.config.read_back_path, id=remote_id), "read-back")
+        if response.status_code == 200:
+            return Found(remote_id, self._body_of(response))
+        if response.status_code in (404, 410):
+            return NotFound(f"HTTP {response.status_code}")
+        raise HttpTransportError(f"read-back got HTTP {response.status_code}", response.status_code)
+
+    def lookup(self, delivery_key: str, resend_epoch: int = 0) -> LookupResult:
+        """Find the object sent under ``delivery_key`` and ``resend_epoch`` by its idempotency key.
+
+        Returns :class:`Unsupported` without a ``lookup_path`` or when the
+        platform answers 501, :class:`NotFound` on 404, :class:`Found` on 200
+        with a usable id at ``id_pointer``. Raises :class:`HttpTransportError`
+        on a network failure, any other status, or a 200 without an id.
+        """
+        if self.config.lookup_path is None:
+            return Unsupported("no lookup_path configured")
+        key = WireRequest(body={}, delivery_key=delivery_key, resend_epoch=resend_epoch).idempotency_key
+        response = self._get(self._url(self.config.lookup_path, key=key), "lookup")
+        if response.status_code == 501:
+            return Unsupported("platform answered 501 to the lookup")
+        if response.status_code == 404:
+            return NotFound("HTTP 404")
+        if response.status_code != 200:
+            raise HttpTransportError(f"lookup got HTTP {response.status_code}", response.status_code)
+        try:
+            doc = json.loads(response.content)
+        except ValueError as exc:
+            raise HttpTransportError("lookup answered 200 with a body that is not JSON", 200) from exc
+        pointer = self.config.id_pointer if self.config.id_pointer is not None else "/id"
+        remote_id = _usable_id(pointer_get(doc, pointer))
+        if remote_id is None:
+            raise HttpTransportError("lookup answered 200 without a usable id", 200)
+        body = pointer_get(doc, self.config.body_pointer)
+        return Found(remote_id, body if isinstance(body, dict) else None)
+
+    def matches(self, request: WireRequest, found: Found) -> bool:
+        """Whether ``found.body`` equals the body sent for ``request`` as RFC 8785 canonical JSON.
+
+        Whatever the read-back body holds at ``key_field`` is ignored (it is
+        taken to be the key that was sent); a ``None`` or non-canonicalisable
+        body never matches.
+        """
+        if found.body is None:
+            return False
+        try:
+            sent = self.wire_body(request)
+            got = copy.deepcopy(dict(found.body))
+            if self.config.key_field is not None:
+                pointer_set(got, self.config.key_field, request.idempotency_key)
+            return canonical_json(sent) == canonical_json(got)
+        except (ValueError, TypeError):
+            return False
+
+    def close(self) -> None:
+        """Close the connection pool. Idempotent."""
+        self._client.close()
+
+    def __enter__(self) -> HttpTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

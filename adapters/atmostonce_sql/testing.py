@@ -1,0 +1,111 @@
+"""Test support for SQL stores: fresh databases built from migration 1, and clock moves.
+
+* :class:`PostgresDatabases`: from a server URL, builds one template database by
+  running every migration, then clones a fresh database per test (or per
+  Hypothesis example) with ``CREATE DATABASE ... TEMPLATE``.
+* :class:`SqliteDatabases`: the same for SQLite files (a migrated template file is copied).
+* :func:`age_leases`: moves a store's deadlines back by ``seconds``, which is
+  what the database clock moving forward means to every lease judgement. The
+  append-only tables are not touched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from . import make_engine, normalize_url
+from .migrate import upgrade
+from .schema import intents
+from .store import SqlStore
+
+__all__ = ["PostgresDatabases", "SqliteDatabases", "age_leases"]
+
+
+def age_leases(store: SqlStore, seconds: float) -> None:
+    """Shift every lease deadline ``seconds`` into the past (the database clock advancing)."""
+    c = intents.c
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.update(intents)
+            .where(c.lease_expires_at.is_not(None))
+            .values(lease_expires_at=c.lease_expires_at - float(seconds))
+        )
+
+
+class PostgresDatabases:
+    """Fresh PostgreSQL databases on one server, each a clone of a migrated template."""
+
+    def __init__(self, base_url: str):
+        self.base = make_url(normalize_url(base_url))
+        self.prefix = f"aom_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self.admin = sa.create_engine(self.base, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+        self.template = f"{self.prefix}_tmpl"
+        self._n = itertools.count(1)
+        self._made: list[str] = []
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{self.template}"')
+        engine = make_engine(self.url(self.template))
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()
+
+    def url(self, name: str) -> str:
+        return self.base.set(database=name).render_as_string(hide_password=False)
+
+    def fresh(self) -> str:
+        """URL of a new database holding exactly the migrated schema."""
+        name = f"{self.prefix}_{next(self._n)}"
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"')
+        self._made.append(name)
+        return self.url(name)
+
+    def drop(self, url: str) -> None:
+        name = make_url(url).database
+        with self.admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if name in self._made:
+            self._made.remove(name)
+
+    def close(self) -> None:
+        with self.admin.connect() as conn:
+            for name in [*self._made, self.template]:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._made.clear()
+        self.admin.dispose()
+
+
+class SqliteDatabases:
+    """Fresh SQLite files in a temporary folder, each a copy of a migrated template file."""
+
+    def __init__(self, folder: str | Path | None = None):
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="aom-sqlite-"))
+        self.template = self.folder / "template.sqlite3"
+        self._n = itertools.count(1)
+        engine = make_engine(f"sqlite:///{self.template}")
+        try:
+            upgrade(engine)
+        finally:
+            engine.dispose()  # the last connection to close checkpoints and removes the WAL
+
+    def fresh(self) -> str:
+        path = self.folder / f"db{next(self._n)}.sqlite3"
+        shutil.copyfile(self.template, path)
+        return f"sqlite:///{path}"
+
+    def drop(self, url: str) -> None:
+        path = Path(make_url(url).database)
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(path) + suffix).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)

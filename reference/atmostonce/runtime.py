@@ -1,0 +1,297 @@
+"""The runtime that drives any store and any transport (seed 004, mechanisms 2 to 4, "Recovery").
+
+* :class:`Dispatcher`: one dispatch: ``begin`` (lease), the caller's expensive
+  work, ``authorize_dispatch`` as the very last step before bytes, one
+  ``send``, the outcome recorded, read-back on success.
+* :class:`Sweeper`: acts on expired leases (after authorization: to
+  ``indeterminate``; before: attempt closed as abandoned) and runs the retry
+  policy for ``failed`` intents at a bounded rate.
+* :class:`Reconciler`: at most one platform lookup per intent per call; moves
+  only on evidence.
+
+Only this module reads transport capabilities. Nothing here resends an
+unknown outcome.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import Rejected
+from .identity import request_digest
+from .records import Intent
+from .store import Store
+from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
+
+__all__ = [
+    "CRASH_POINTS",
+    "RECONCILER_NAME",
+    "RECONCILER_VERSION",
+    "Dispatcher",
+    "Reconciler",
+    "RuntimeConfig",
+    "SimulatedCrash",
+    "Sweeper",
+    "Worker",
+    "wire_request",
+]
+
+RECONCILER_NAME = "atmostonce.runtime.Reconciler"
+RECONCILER_VERSION = 1
+
+CRASH_POINTS = ("after_begin", "after_work", "after_authorize", "after_send", "after_record_success")
+"""Step boundaries at which a crash hook may kill a dispatch (the worker just stops)."""
+
+
+class SimulatedCrash(Exception):
+    """Raised by a crash hook: the worker dies at this point and makes no further store call."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Lease lengths in seconds (store clock); ``retries_per_tick`` bounds how many failed
+    intents one sweeper tick re-queues, so raising a cap releases a backlog at a rate."""
+
+    lease_seconds: float = 30.0
+    send_lease_seconds: float = 60.0
+    retries_per_tick: int = 50
+    sweep_batch: int = 100
+    reconcile_batch: int = 50
+
+
+def wire_request(intent: Intent) -> WireRequest:
+    """The exact request for an intent: its body, its delivery key, its resend epoch."""
+    return WireRequest(body=dict(intent.request), delivery_key=intent.key, resend_epoch=intent.resend_epoch)
+
+
+def _descriptor(transport: Transport, wire: WireRequest) -> dict[str, Any]:
+    return {
+        "transport": transport.name,
+        "transport_version": transport.protocol_version,
+        "reconciler": RECONCILER_NAME,
+        "reconciler_version": RECONCILER_VERSION,
+        "idempotency_key": wire.idempotency_key,
+    }
+
+
+@dataclass
+class Dispatcher:
+    """Runs one dispatch of one intent. ``work(intent)`` is the caller's expensive step
+    (runs after ``begin``, before ``authorize_dispatch``); ``crash(point)`` may raise
+    :class:`SimulatedCrash` at any of :data:`CRASH_POINTS`."""
+
+    store: Store
+    transport: Transport
+    config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    work: Callable[[Intent], None] | None = None
+    crash: Callable[[str], None] | None = None
+
+    def _point(self, name: str) -> None:
+        if self.crash is not None:
+            self.crash(name)
+
+    def dispatch(self, key: str) -> str:
+        """Dispatch ``key`` once; returns the outcome name from the table (e.g. ``read_back.match``).
+
+        Raises :class:`Rejected` when ``begin`` or ``authorize_dispatch`` refuses (nothing was sent),
+        :class:`SimulatedCrash` when the crash hook fires.
+        """
+        lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
+        self._point("after_begin")
+        intent = self.store.get(key)
+        if self.work is not None:
+            self.work(intent)
+        self._point("after_work")
+        wire = wire_request(intent)
+        self.store.authorize_dispatch(
+            lease,
+            request_digest=request_digest(wire.body),
+            send_lease_seconds=self.config.send_lease_seconds,
+            descriptor=_descriptor(self.transport, wire),
+        )
+        self._point("after_authorize")
+        result = self.transport.send(wire)
+        self._point("after_send")
+        if isinstance(result, NotSent):
+            self.store.record_not_sent(lease, reason=result.reason)
+            return result.outcome
+        if isinstance(result, Unknown):
+            self.store.record_unknown(lease, reason=result.reason)
+            return result.outcome
+        assert isinstance(result, Sent), result
+        self.store.record_success(lease, remote_id=result.remote_id, response_digest=result.response_digest)
+        self._point("after_record_success")
+        rb = self.transport.read_back(result.remote_id)
+        if isinstance(rb, Found) and self.transport.matches(wire, rb):
+            self.store.confirm_read_back(lease)
+            return "read_back.match"
+        reason = "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
+        self.store.read_back_failed(lease, reason=reason)
+        return reason
+
+
+@dataclass
+class Sweeper:
+    """Maintenance over expired leases and the retry policy. Safe to run twice at once:
+    every write moves a row only if it is still as planned (``lease_holder`` guard)."""
+
+    store: Store
+    config: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def sweep_leases(self) -> dict[str, int]:
+        """Returns counts: ``expired`` (to indeterminate), ``abandoned`` (pre-authorization), ``skipped``."""
+        out = {"expired": 0, "abandoned": 0, "skipped": 0}
+        table = self.store.table
+        for it in self.store.due_leases(self.config.sweep_batch):
+            # the table names the sweeper's lease-expiry move for the intent's state
+            events = [e for e in table.events.values() if e.actor == "sweeper" and it.state in e.sources]
+            if len(events) != 1:
+                out["skipped"] += 1
+                continue
+            try:
+                getattr(self.store, events[0].name)(it)
+                out["expired" if table.states[events[0].target].kind == "unknown" else "abandoned"] += 1
+            except Rejected:
+                out["skipped"] += 1
+        return out
+
+    def retry_failed(self, limit: int | None = None) -> dict[str, int]:
+        """Re-queue up to ``limit`` (default ``retries_per_tick``) failed intents; park exhausted ones."""
+        budget = self.config.retries_per_tick if limit is None else limit
+        out = {"retried": 0, "exhausted": 0, "skipped": 0}
+        for state in self.store.table.retryable_states:
+            for it in self.store.list_intents(state=state, limit=budget):
+                if out["retried"] >= budget:
+                    return out
+                try:
+                    if it.attempt_count < it.max_attempts:
+                        self.store.retry(it.key)
+                        out["retried"] += 1
+                    else:
+                        self.store.exhaust(it.key)
+                        out["exhausted"] += 1
+                except Rejected:
+                    out["skipped"] += 1
+        return out
+
+    def tick(self) -> dict[str, int]:
+        return self.sweep_leases() | self.retry_failed()
+
+
+@dataclass
+class Reconciler:
+    """Settles ``indeterminate`` intents by looking at the platform, at most one lookup each per call."""
+
+    store: Store
+    transport: Transport
+    config: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def _drifted(self, it: Intent) -> bool:
+        d = it.descriptor or {}
+        return (
+            d.get("transport") != self.transport.name
+            or d.get("transport_version") != self.transport.protocol_version
+            or d.get("reconciler") != RECONCILER_NAME
+            or d.get("reconciler_version") != RECONCILER_VERSION
+        )
+
+    def reconcile_one(self, it: Intent) -> str:
+        """One lookup (or none) for one intent; returns the outcome name it recorded."""
+        plan = it.plan
+        caps = self.transport.capabilities
+        if self._drifted(it):
+            self.store.park_unreconcilable(plan, reason="reconcile.descriptor_drift")
+            return "reconcile.descriptor_drift"
+        if it.reconcile_count >= it.max_reconciles:
+            self.store.park_unreconcilable(plan, reason="reconcile.budget_spent")
+            return "reconcile.budget_spent"
+        if it.remote_id is not None and caps.read_back:
+            rb = self.transport.read_back(it.remote_id)
+            if isinstance(rb, Found) and self.transport.matches(wire_request(it), rb):
+                self.store.reconcile_found(plan, remote_id=it.remote_id)
+                return "lookup.found"
+            self.store.reconcile_not_found(plan)
+            return "lookup.not_found"
+        if not caps.lookup_by_key:
+            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
+            return "lookup.unsupported"
+        res = self.transport.lookup(it.key, it.resend_epoch)
+        if isinstance(res, Found):
+            self.store.reconcile_found(plan, remote_id=res.remote_id)
+            return "lookup.found"
+        if isinstance(res, Unsupported):
+            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
+            return "lookup.unsupported"
+        assert isinstance(res, NotFound), res
+        if caps.fenced_lookup:
+            self.store.reconcile_absent(plan, fenced=True)
+            return "lookup.not_found_fenced"
+        self.store.reconcile_not_found(plan)
+        return "lookup.not_found"
+
+    def run(self, limit: int | None = None) -> dict[str, int]:
+        """Reconcile up to ``limit`` indeterminate intents; returns counts per outcome name."""
+        out: dict[str, int] = {}
+        for state in self.store.table.states_of_kind("unknown"):
+            for it in self.store.list_intents(state=state, limit=limit or self.config.reconcile_batch):
+                try:
+                    name = self.reconcile_one(it)
+                except Rejected:
+                    name = "skipped"
+                out[name] = out.get(name, 0) + 1
+        return out
+
+
+class Worker(threading.Thread):
+    """A worker thread: claims pending intents from ``keys()`` and dispatches each until ``stop``.
+
+    ``on_result(key, outcome_or_exception)`` observes each dispatch.
+    """
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        keys: Callable[[], Iterable[str]],
+        *,
+        stop: threading.Event,
+        on_result: Callable[[str, Any], None] | None = None,
+        seed: int | None = None,
+        idle_sleep: float = 0.02,
+    ):
+        super().__init__(daemon=True)
+        self.dispatcher, self.keys, self.stop_event = dispatcher, keys, stop
+        self.on_result = on_result or (lambda k, r: None)
+        self.rng = random.Random(seed)
+        self.idle_sleep = idle_sleep
+
+    def _exhaust(self, key: str) -> None:
+        try:
+            self.on_result(key, self.dispatcher.store.exhaust(key).state)
+        except Rejected as exc:
+            self.on_result(key, exc)
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            keys = list(self.keys())
+            self.rng.shuffle(keys)
+            did = False
+            for key in keys:
+                if self.stop_event.is_set():
+                    return
+                try:
+                    self.on_result(key, self.dispatcher.dispatch(key))
+                    did = True
+                except Rejected as exc:
+                    if exc.event == "begin" and exc.guard == "attempts_remaining":
+                        self._exhaust(key)  # a pending intent out of attempts parks instead of looping
+                    elif exc.event != "begin":
+                        self.on_result(key, exc)
+                except SimulatedCrash as exc:
+                    self.on_result(key, exc)
+                    did = True
+            if not did:
+                self.stop_event.wait(self.idle_sleep)

@@ -1,0 +1,1 @@
+"""Test support shipped with the package: the stateful conformance machine and its helpers."""

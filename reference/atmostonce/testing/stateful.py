@@ -1,0 +1,418 @@
+"""The shipped stateful conformance machine (Hypothesis ``RuleBasedStateMachine``).
+
+One machine, constructed with a store under test, applies every operation to
+the reference model and to that store, and after every step checks that both
+agree (states, attempt counts, which guard refused) and that the protocol
+invariants hold on both (seed 004, "The state machine", "Verification").
+Rules include injected faults: a worker that dies after ``begin``, after
+``authorize_dispatch`` or after the send; sweeper passes at arbitrary times;
+the database clock moving forward; stale workers presenting old leases.
+
+Use it from any test suite (zarr.testing-style)::
+
+    from atmostonce.testing.stateful import StoreUnderTest, make_machine
+    TestMyStore = make_machine(lambda: StoreUnderTest(my_store, advance=my_advance)).TestCase
+
+``advance(seconds)`` must move the store's clock forward by ``seconds`` as far
+as lease and expiry judgements go (a SQL store may age its deadlines instead).
+With no store factory the machine checks the model alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ..errors import Rejected
+from ..model import MemoryStore
+from ..records import Intent, Lease
+from ..store import Store
+
+__all__ = ["FakeClock", "StoreUnderTest", "make_machine"]
+
+ACCOUNTS = ("acct-a", "acct-b")
+KINDS = ("post", "like")
+TARGETS = ("t1",)
+TEXTS = ("hello", "hello ", "other")
+
+
+class FakeClock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self, start: float = 1_000_000.0):
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class StoreUnderTest:
+    """A store plus the hook that moves its clock; ``close`` runs after each example."""
+
+    store: Store
+    advance: Callable[[float], None]
+    close: Callable[[], None] = lambda: None
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except Rejected as exc:
+        return type(exc).__name__, exc.guard
+
+
+_COMPARED = ("state", "attempt_count", "remote_id", "reconcile_count", "resend_epoch", "request_digest", "max_attempts")
+
+
+def _same_intent(a: Intent, b: Intent) -> list[str]:
+    diffs = [
+        f"{f}: model={getattr(a, f)!r} store={getattr(b, f)!r}" for f in _COMPARED if getattr(a, f) != getattr(b, f)
+    ]
+    if (a.attempt_token is None) != (b.attempt_token is None):
+        diffs.append(f"open attempt: model={a.attempt_token is not None} store={b.attempt_token is not None}")
+    if (a.lease_expires_at is None) != (b.lease_expires_at is None):
+        diffs.append("lease presence differs")
+    return diffs
+
+
+def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[RuleBasedStateMachine]:
+    """Build the machine class; ``factory()`` gives a fresh, empty store under test per example."""
+
+    class AtMostOnceMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock = FakeClock()
+            self.model = MemoryStore(clock=self.clock)
+            self.sut: StoreUnderTest | None = None
+
+        @initialize()
+        def reset(self) -> None:
+            self.model.reset()
+            if factory is not None:
+                self.sut = factory()
+            self.keys: list[str] = []
+            # key -> (model lease, store lease) for the live worker; stale ones kept for replay
+            self.live: dict[str, tuple[Lease, Lease | None]] = {}
+            self.stale: list[tuple[Lease, Lease | None]] = []
+            self.history_len: dict[str, int] = {}
+            self.attempt_len: dict[str, int] = {}
+
+        def teardown(self) -> None:
+            if self.sut is not None:
+                self.sut.close()
+
+        # -- helpers ------------------------------------------------------------------
+        @property
+        def store(self) -> Store | None:
+            return None if self.sut is None else self.sut.store
+
+        def both(self, op: Callable[[Store, int], Any]) -> tuple[tuple[str, Any], tuple[str, Any] | None]:
+            m = _outcome(lambda: op(self.model, 0))
+            s = None if self.store is None else _outcome(lambda: op(self.store, 1))
+            if s is not None:
+                assert m[0] == s[0], f"model {m} vs store {s}"
+                if m[0] != "ok":
+                    assert m[1] == s[1], f"refusing guard: model {m[1]} vs store {s[1]}"
+            return m, s
+
+        def lease_of(self, key: str) -> tuple[Lease, Lease | None] | None:
+            return self.live.get(key)
+
+        def pick(self, data, *kinds: str, where: Callable[[Intent], bool] | None = None) -> str | None:
+            """A key whose model state is of one of ``kinds`` (mostly), or any key (sometimes, to probe refusals)."""
+            if not self.keys:
+                return None
+            fitting = [
+                k
+                for k in self.keys
+                if (not kinds or self.model.table.states[self.model.get(k).state].kind in kinds)
+                and (where is None or where(self.model.get(k)))
+            ]
+            if fitting and data.draw(st.integers(0, 7), label="fitting") > 0:
+                return data.draw(st.sampled_from(fitting), label="key")
+            return data.draw(st.sampled_from(self.keys), label="any key")
+
+        # -- intake -------------------------------------------------------------------
+        @rule(
+            account=st.sampled_from(ACCOUNTS),
+            kind=st.sampled_from(KINDS),
+            tgt=st.sampled_from(TARGETS),
+            text=st.sampled_from(TEXTS),
+            max_attempts=st.integers(1, 3),
+        )
+        def submit(self, account, kind, tgt, text, max_attempts):
+            req = {"text": text} if kind == "post" else {}
+            (m, mi), s = self.both(
+                lambda st_, i: st_.submit(account, kind, tgt, req, max_attempts=max_attempts, max_reconciles=2)
+            )
+            assert m == "ok"
+            if s is not None:
+                assert s[1].key == mi.key, "model and store disagree on the delivery key"
+            if mi.key not in self.keys:
+                self.keys.append(mi.key)
+
+        # -- worker -------------------------------------------------------------------
+        @precondition(lambda self: self.keys)
+        @rule(data=st.data(), lease=st.sampled_from([10, 30]))
+        def begin(self, data, lease):
+            key = self.pick(data, "initial", where=lambda it: it.attempt_token is None)
+            (m, ml), s = self.both(lambda st_, i: st_.begin(key, lease_seconds=lease))
+            if m == "ok":
+                old = self.live.pop(key, None)
+                if old is not None:
+                    self.stale.append(old)
+                self.live[key] = (ml, s[1] if s else None)
+
+        @precondition(lambda self: self.keys)
+        @rule(
+            data=st.data(),
+            ending=st.sampled_from(
+                ["published", "read_back_failed", "not_sent", "unknown", "dies_after_begin", "dies_after_authorize"]
+            ),
+        )
+        def dispatch_flow(self, data, ending):
+            """A whole dispatch in one rule: begin, authorize, send, record (or a crash on the way)."""
+            key = self.pick(data, "initial", where=lambda it: it.attempt_token is None)
+            (m, ml), s = self.both(lambda st_, i: st_.begin(key, lease_seconds=30))
+            if m != "ok":
+                return
+            pair = (ml, s[1] if s else None)
+            if ending == "dies_after_begin":
+                self.stale.append(pair)
+                return
+            digest = self.model.get(key).request_digest
+            (m, _), _ = self.both(
+                lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest, send_lease_seconds=30)
+            )
+            assert m == "ok", "a fresh lease could not authorize"
+            if ending == "dies_after_authorize":
+                self.stale.append(pair)
+                return
+            if ending in ("published", "read_back_failed"):
+                self.both(lambda st_, i: st_.record_success(pair[i], remote_id=f"r-{key[:8]}"))
+                if ending == "published":
+                    self.both(lambda st_, i: st_.confirm_read_back(pair[i]))
+                else:
+                    self.both(lambda st_, i: st_.read_back_failed(pair[i], reason="read_back.differs"))
+            elif ending == "not_sent":
+                self.both(lambda st_, i: st_.record_not_sent(pair[i], reason="connect refused"))
+            else:
+                self.both(lambda st_, i: st_.record_unknown(pair[i], reason="read timeout"))
+            self.stale.append(pair)
+
+        def _live_pair(self, data, *kinds: str) -> tuple[Lease, Lease | None]:
+            keys = sorted(self.live)
+            fitting = [k for k in keys if self.model.table.states[self.model.get(k).state].kind in kinds]
+            return self.live[data.draw(st.sampled_from(fitting or keys), label="live key")]
+
+        @precondition(lambda self: self.live)
+        @rule(data=st.data(), good_digest=st.sampled_from([True, True, True, False]))
+        def authorize(self, data, good_digest):
+            pair = self._live_pair(data, "initial")
+            digest = self.model.get(pair[0].key).request_digest if good_digest else "0" * 64
+            m, _ = self.both(
+                lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest, send_lease_seconds=30)
+            )
+            if not good_digest:
+                assert m[0] != "ok", "authorized bytes that differ from the intent's request"
+
+        @precondition(lambda self: self.stale)
+        @rule(data=st.data())
+        def stale_worker_authorizes(self, data):
+            pair = data.draw(st.sampled_from(self.stale))
+            current = self.model.get(pair[0].key).attempt_token == pair[0].attempt_token
+            digest = self.model.get(pair[0].key).request_digest
+            m, _ = self.both(lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest))
+            assert current or m[0] != "ok", "a superseded lease was authorized"
+
+        @precondition(lambda self: self.live)
+        @rule(
+            data=st.data(),
+            what=st.sampled_from(["success", "not_sent", "unknown", "confirm", "read_back_failed", "block"]),
+        )
+        def record(self, data, what):
+            ops = {
+                "success": lambda st_, lease: st_.record_success(lease, remote_id=f"r-{lease.key[:8]}"),
+                "not_sent": lambda st_, lease: st_.record_not_sent(lease, reason="refused"),
+                "unknown": lambda st_, lease: st_.record_unknown(lease, reason="timeout"),
+                "confirm": lambda st_, lease: st_.confirm_read_back(lease),
+                "read_back_failed": lambda st_, lease: st_.read_back_failed(lease, reason="read_back.not_found"),
+                "block": lambda st_, lease: st_.block_at_gate(lease, reason="gate.blocked"),
+            }
+            pair = self._live_pair(data, "initial" if what == "block" else "in_flight")
+            self.both(lambda st_, i: ops[what](st_, pair[i]))
+
+        @precondition(lambda self: self.stale)
+        @rule(data=st.data(), what=st.sampled_from(["success", "not_sent", "unknown"]))
+        def stale_worker_records(self, data, what):
+            ops = {
+                "success": lambda st_, lease: st_.record_success(lease, remote_id="stale"),
+                "not_sent": lambda st_, lease: st_.record_not_sent(lease, reason="stale"),
+                "unknown": lambda st_, lease: st_.record_unknown(lease, reason="stale"),
+            }
+            pair = data.draw(st.sampled_from(self.stale))
+            current = self.model.get(pair[0].key).attempt_token == pair[0].attempt_token
+            m, _ = self.both(lambda st_, i: ops[what](st_, pair[i]))
+            assert current or m[0] != "ok", "a superseded worker's write was accepted"
+
+        @precondition(lambda self: self.live)
+        @rule(data=st.data())
+        def worker_dies(self, data):
+            """The worker holding this lease crashes (after begin, authorize or send): it never calls again."""
+            key = data.draw(st.sampled_from(sorted(self.live)))
+            self.stale.append(self.live.pop(key))
+
+        # -- clock and maintenance ---------------------------------------------------
+        @rule(seconds=st.sampled_from([1, 1, 1, 1, 5, 9, 29, 31, 120]))
+        def database_clock_advances(self, seconds):
+            self.clock.advance(seconds)
+            if self.sut is not None:
+                self.sut.advance(seconds)
+
+        @rule()
+        def sweeper(self):
+            due_m = sorted(i.key for i in self.model.due_leases(1000))
+            if self.store is not None:
+                due_s = sorted(i.key for i in self.store.due_leases(1000))
+                assert due_m == due_s, f"due leases differ: {due_m} vs {due_s}"
+            for key in due_m:
+                it_m = self.model.get(key)
+                it_s = None if self.store is None else self.store.get(key)
+                ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
+                assert len(ev) == 1
+                (m, g), _ = self.both(lambda st_, i, e=ev[0].name, p=(it_m, it_s): getattr(st_, e)(p[i]))
+                assert m == "ok", f"sweeper refused a due lease: {g}"
+
+        @precondition(lambda self: self.keys)
+        @rule(data=st.data())
+        def sweeper_too_early(self, data):
+            """A sweeper acting on a lease that has not expired is refused by ``lease_expired``."""
+            key = self.pick(data, "initial", "in_flight", where=lambda it: it.lease_expires_at is not None)
+            it_m = self.model.get(key)
+            if it_m.lease_expires_at is None or it_m.lease_expires_at <= self.clock():
+                return
+            it_s = None if self.store is None else self.store.get(key)
+            ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
+            (m, g), _ = self.both(lambda st_, i: getattr(st_, ev[0].name)((it_m, it_s)[i]))
+            assert (m, g) == ("GuardRefused", "lease_expired"), (m, g)
+
+        @precondition(lambda self: self.keys)
+        @rule(
+            data=st.data(),
+            how=st.sampled_from(["found", "not_found", "not_found", "absent", "unfenced_absent", "park"]),
+            stale_plan=st.sampled_from([False, False, False, True]),
+        )
+        def reconciler(self, data, how, stale_plan):
+            key = self.pick(data, "unknown")
+            plans = [self.model.get(key).plan, None if self.store is None else self.store.get(key).plan]
+            if stale_plan:  # a second reconciler that planned before the first one wrote
+                plans = [p if p is None else type(p)(p.key, p.generation, p.reconcile_count - 1) for p in plans]
+            ops = {
+                "found": lambda st_, p: st_.reconcile_found(p, remote_id="r-found"),
+                "not_found": lambda st_, p: st_.reconcile_not_found(p),
+                "absent": lambda st_, p: st_.reconcile_absent(p, fenced=True),
+                "unfenced_absent": lambda st_, p: st_.reconcile_absent(p, fenced=False),
+                "park": lambda st_, p: st_.park_unreconcilable(p, reason="lookup.unsupported"),
+            }
+            m, _ = self.both(lambda st_, i: ops[how](st_, plans[i]))
+            if how == "unfenced_absent" or stale_plan:
+                assert m[0] != "ok", f"reconciler moved on no evidence ({how}, stale plan {stale_plan})"
+
+        # -- retry policy and operator -----------------------------------------------
+        @precondition(lambda self: self.keys)
+        @rule(data=st.data(), what=st.sampled_from(["retry", "retry", "exhaust"]))
+        def retry_policy(self, data, what):
+            key = self.pick(data, "retryable")
+            before = self.model.total_attempts()
+            self.both(lambda st_, i: getattr(st_, what)(key))
+            assert self.model.total_attempts() == before, "retry/exhaust created an attempt"
+            if self.store is not None:
+                assert self.store.total_attempts() == before, "retry/exhaust created an attempt in the store"
+
+        @precondition(lambda self: self.keys)
+        @rule(
+            data=st.data(),
+            what=st.sampled_from(["park", "resolve_published", "resolve_not_sent", "resend"]),
+            named=st.sampled_from([True, True, True, False]),
+        )
+        def operator(self, data, what, named):
+            key = self.pick(data, *(("human_owned",) if what != "park" else ("initial", "unknown", "retryable")))
+            who = "alice" if named else " "
+            ops = {
+                "park": lambda st_: st_.park(key, operator=who),
+                "resolve_published": lambda st_: st_.resolve_published(key, operator=who, remote_id="r-human"),
+                "resolve_not_sent": lambda st_: st_.resolve_not_sent(key, operator=who),
+                "resend": lambda st_: st_.resend(key, operator=who),
+            }
+            m, _ = self.both(lambda st_, i: ops[what](st_))
+            if m[0] == "ok" and key in self.live:
+                self.stale.append(self.live.pop(key))
+            if not named:
+                assert m[0] != "ok", "an anonymous operator moved an intent"
+
+        # -- invariants ---------------------------------------------------------------
+        @invariant()
+        def model_and_store_agree(self):
+            if self.store is None:
+                return
+            for key in self.keys:
+                a, b = self.model.get(key), self.store.get(key)
+                diffs = _same_intent(a, b)
+                assert not diffs, f"{key[:12]}: " + "; ".join(diffs)
+                ha, hb = self.model.history(key), self.store.history(key)
+                assert [(h.event, h.from_state, h.to_state) for h in ha] == [
+                    (h.event, h.from_state, h.to_state) for h in hb
+                ]
+                aa, ab = self.model.attempts(key), self.store.attempts(key)
+                assert [(x.number, x.outcomes) for x in aa] == [(x.number, x.outcomes) for x in ab]
+            assert self.model.count_by_state() == self.store.count_by_state()
+
+        @invariant()
+        def protocol_holds(self):
+            for st_ in filter(None, (self.model, self.store)):
+                check_protocol_invariants(st_, self.keys, self.history_len if st_ is self.model else None)
+
+    AtMostOnceMachine.__name__ = "AtMostOnceMachine"
+    return AtMostOnceMachine
+
+
+def check_protocol_invariants(store: Store, keys: list[str], grow: dict[str, int] | None = None) -> None:
+    """The invariants of seed 004 over one store's visible data. Raises ``AssertionError``."""
+    t = store.table
+    for key in keys:
+        it = store.get(key)
+        assert it.state in t.states, f"undeclared state {it.state}"
+        atts = store.attempts(key)
+        open_ = [a for a in atts if not a.outcomes]
+        assert len(open_) <= 1, "more than one live attempt"
+        assert (len(open_) == 1) == (it.attempt_token is not None), "open attempt and intent token disagree"
+        assert all(len(a.outcomes) <= 1 for a in atts), "an attempt was closed twice"
+        assert it.attempt_count == len(atts)
+        assert it.attempt_count <= it.max_attempts, "attempt cap exceeded"
+        hist = store.history(key)
+        seqs = [h.seq for h in hist]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), "history not ordered by a unique sequence"
+        for h in hist:
+            if h.from_state is not None and t.states[h.from_state].terminal:
+                assert t.actors[t.events[h.event].actor].human, f"machine event {h.event} left {h.from_state}"
+        # no second authorization unless the previous attempt ended definitively not-sent
+        armed = True
+        for h in hist:
+            if h.event == "authorize_dispatch":
+                assert armed, "second authorization without a definitive not-sent in between"
+                armed = False
+            elif t.events[h.event].target in t.retryable_states or (
+                t.actors[t.events[h.event].actor].human and t.events[h.event].target == t.initial
+            ):
+                armed = True
+        if grow is not None:
+            assert len(hist) >= grow.get(key, 0), "history shrank"
+            grow[key] = len(hist)

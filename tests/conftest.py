@@ -1,0 +1,86 @@
+"""Shared fixtures: real databases (PostgreSQL and SQLite) built from migration 1.
+
+PostgreSQL: ``$DATABASE_URL`` when set, else a testcontainer when a Docker engine
+answers, else a throwaway local cluster (``atmostonce_sql.pgserver``). Each
+pytest-xdist worker gets its own server or template, and each test its own
+database.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from atmostonce import MemoryStore
+from atmostonce.testing.stateful import FakeClock
+
+
+@pytest.fixture(scope="session")
+def pg_databases():
+    from atmostonce_sql.pgserver import postgres_url_for_tests
+    from atmostonce_sql.testing import PostgresDatabases
+
+    base, cleanup = postgres_url_for_tests()
+    dbs = PostgresDatabases(base)
+    yield dbs
+    dbs.close()
+    cleanup()
+
+
+@pytest.fixture(scope="session")
+def sqlite_databases(tmp_path_factory):
+    from atmostonce_sql.testing import SqliteDatabases
+
+    dbs = SqliteDatabases(tmp_path_factory.mktemp("sqlite"))
+    yield dbs
+    dbs.close()
+
+
+def _sql_store(dbs):
+    from atmostonce_sql import open_store
+
+    url = dbs.fresh()
+    store = open_store(url, migrate=False, pool_size=4)
+    return store, url
+
+
+@pytest.fixture
+def pg_store(pg_databases):
+    store, url = _sql_store(pg_databases)
+    yield store
+    store.close()
+    pg_databases.drop(url)
+
+
+@pytest.fixture
+def sqlite_store(sqlite_databases):
+    store, url = _sql_store(sqlite_databases)
+    yield store
+    store.close()
+    sqlite_databases.drop(url)
+
+
+class ClockedStore:
+    """A store plus ``advance(seconds)`` that moves its clock (model) or ages its leases (SQL)."""
+
+    def __init__(self, store, advance, kind):
+        self.store, self.advance, self.kind = store, advance, kind
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def any_store(request):
+    """Every implementation of the store protocol, one after the other."""
+    if request.param == "memory":
+        clock = FakeClock()
+        yield ClockedStore(MemoryStore(clock=clock), clock.advance, "memory")
+        return
+    from atmostonce_sql.testing import age_leases
+
+    fixture = "sqlite_store" if request.param == "sqlite" else "pg_store"
+    store = request.getfixturevalue(fixture)
+    yield ClockedStore(store, lambda s: age_leases(store, s), request.param)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_store(request):
+    """Both SQL dialects."""
+    return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")

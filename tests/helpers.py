@@ -1,0 +1,38 @@
+"""Small drivers that take an intent to a given state through the public operations."""
+
+from __future__ import annotations
+
+from atmostonce.records import Intent, Lease
+
+
+def submit(store, text="hello", account="acct", kind="post", target="room-1", **kw) -> Intent:
+    return store.submit(account, kind, target, {"text": text} if text is not None else {}, **kw)
+
+
+def begin_authorize(store, key) -> Lease:
+    lease = store.begin(key, lease_seconds=30)
+    store.authorize_dispatch(lease, request_digest=store.get(key).request_digest, send_lease_seconds=30)
+    return lease
+
+
+def to_state(store, state: str, text="hello", **kw) -> tuple[Intent, Lease | None]:
+    """Drive a fresh intent to ``state``; returns the intent and the last lease."""
+    it = submit(store, text=text, **kw)
+    if state == "pending":
+        return store.get(it.key), None
+    lease = begin_authorize(store, it.key)
+    if state == "authorized":
+        return store.get(it.key), lease
+    if state == "published":
+        store.record_success(lease, remote_id="r-1")
+        store.confirm_read_back(lease)
+    elif state == "failed":
+        store.record_not_sent(lease, reason="connect refused")
+    elif state == "indeterminate":
+        store.record_unknown(lease, reason="read timeout")
+    elif state == "parked":
+        store.record_unknown(lease, reason="read timeout")
+        store.park(it.key, operator="alice")
+    else:  # pragma: no cover
+        raise ValueError(state)
+    return store.get(it.key), lease

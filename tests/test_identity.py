@@ -1,0 +1,99 @@
+"""The named identities: stable across clocks, normalized, canonical, refusing what has no canonical form."""
+
+from __future__ import annotations
+
+import math
+import time
+import unicodedata
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from atmostonce.identity import (
+    NORMALIZER_VERSION,
+    IdentityError,
+    attempt_token,
+    canonical_json,
+    claim_id,
+    delivery_key,
+    normalize_text,
+    raw_digest,
+    request_digest,
+    source_version,
+)
+
+
+def test_two_zero_text_action_kinds_on_one_target_get_distinct_keys():
+    like = delivery_key("acct", "like", "post-9", {})
+    share = delivery_key("acct", "reshare", "post-9", {})
+    assert like != share
+
+
+def test_account_target_and_projection_all_enter_the_key():
+    base = delivery_key("a", "post", "t", {"text": "x"})
+    assert base != delivery_key("b", "post", "t", {"text": "x"})
+    assert base != delivery_key("a", "post", "u", {"text": "x"})
+    assert base != delivery_key("a", "post", "t", {"text": "y"})
+
+
+@pytest.mark.parametrize("skew", [1, 86_400, 365 * 86_400])
+def test_same_work_same_ids_whatever_the_clock(monkeypatch, skew):
+    before = (
+        delivery_key("a", "post", "t", {"text": "x"}),
+        source_version("https://x/1", "body"),
+        claim_id(source_version("https://x/1", "body"), {"c": 1}),
+    )
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + skew)
+    after = (
+        delivery_key("a", "post", "t", {"text": "x"}),
+        source_version("https://x/1", "body"),
+        claim_id(source_version("https://x/1", "body"), {"c": 1}),
+    )
+    assert before == after
+
+
+def test_spellings_a_reader_cannot_tell_apart_share_a_key():
+    nfc = unicodedata.normalize("NFC", "café\r\nline  two  ")
+    nfd = unicodedata.normalize("NFD", "café\nline two")
+    assert nfc != nfd
+    assert delivery_key("a", "post", "t", {"text": nfc}) == delivery_key("a", "post", "t", {"text": nfd})
+
+
+def test_request_digest_binds_exact_bytes_not_normalized_text():
+    assert request_digest({"text": "a "}) != request_digest({"text": "a"})
+    assert request_digest({"b": 1, "a": 2}) == request_digest({"a": 2, "b": 1})
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, {1: "x"}, {"s": {1}}, "a\x00", "\udc80"])
+def test_values_without_canonical_form_are_refused(bad):
+    with pytest.raises(IdentityError):
+        canonical_json({"v": bad} if not isinstance(bad, dict) else bad)
+
+
+def test_normalizer_is_versioned_and_rules_are_documented():
+    assert NORMALIZER_VERSION == 1
+    assert normalize_text("  a\t b  \n\n\n\nc \r\n") == "a b\n\nc"
+    with pytest.raises(IdentityError):
+        normalize_text("x", version=2)
+
+
+def test_raw_digest_is_forensic_only_and_differs_from_source_version():
+    raw = b"<html><script>token=1</script>body</html>"
+    assert raw_digest(raw) != source_version("https://x/1", "body")
+
+
+def test_attempt_tokens_are_random():
+    assert len({attempt_token() for _ in range(1000)}) == 1000
+
+
+@settings(max_examples=300)
+@given(st.text(), st.text(alphabet="abcdefgh-_", min_size=1))
+def test_normalization_is_idempotent_and_keys_are_stable(text, account):
+    try:
+        once = normalize_text(text)
+    except IdentityError:
+        return
+    assert normalize_text(once) == once
+    assert delivery_key(account, "post", "t", {"text": text}) == delivery_key(account, "post", "t", {"text": once})

@@ -1,0 +1,289 @@
+"""The protocol rules of seed 004, on every store: the model, SQLite and PostgreSQL (issues 2 and 3)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+import pytest
+
+from atmostonce import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
+from tests.helpers import begin_authorize, submit, to_state
+
+STATES = ["pending", "authorized", "published", "failed", "indeterminate", "parked"]
+
+
+def snapshot(store, key):
+    return store.get(key), len(store.history(key)), store.attempts(key), store.reconciliations(key)
+
+
+def test_begin_is_the_only_creator_and_opens_at_most_one_attempt(any_store):
+    s = any_store.store
+    it = submit(s)
+    assert s.attempts(it.key) == []
+    lease = s.begin(it.key, lease_seconds=30)
+    assert [a.attempt_token for a in s.attempts(it.key)] == [lease.attempt_token]
+    before = snapshot(s, it.key)
+    with pytest.raises(GuardRefused) as e:
+        s.begin(it.key, lease_seconds=30)
+    assert e.value.guard == "no_open_attempt"
+    assert snapshot(s, it.key) == before, "a refused move changed something"
+
+
+def test_retry_from_failed_creates_zero_rows_then_begin_creates_exactly_one(any_store):
+    s = any_store.store
+    it, lease = to_state(s, "failed")
+    attempts_before = s.attempts(it.key)
+    again = s.retry(it.key)
+    assert again.state == "pending"
+    assert s.attempts(it.key) == attempts_before, "retry created an attempt"
+    lease2 = s.begin(it.key, lease_seconds=30)
+    after = s.attempts(it.key)
+    assert len(after) == len(attempts_before) + 1
+    assert after[-1].key == it.key == lease2.key
+    assert lease2.attempt_token != lease.attempt_token
+    assert lease2.generation > lease.generation
+
+
+@pytest.mark.parametrize("state", [s for s in STATES if s != "failed"])
+def test_retry_from_any_other_state_is_refused_and_changes_nothing(any_store, state):
+    s = any_store.store
+    it, _ = to_state(s, state)
+    before = snapshot(s, it.key)
+    with pytest.raises(IllegalMove) as e:
+        s.retry(it.key)
+    assert e.value.guard == "source_state" and e.value.state == state
+    assert snapshot(s, it.key) == before
+
+
+def test_attempt_cap_parks_instead_of_looping(any_store):
+    s = any_store.store
+    it = submit(s, max_attempts=2)
+    for _ in range(2):
+        lease = begin_authorize(s, it.key)
+        s.record_not_sent(lease, reason="503 before write")
+        if s.get(it.key).attempt_count < 2:
+            s.retry(it.key)
+    with pytest.raises(GuardRefused) as e:
+        s.retry(it.key)
+    assert e.value.guard == "attempts_remaining"
+    assert s.exhaust(it.key).state == "parked"
+    assert len(s.attempts(it.key)) == 2
+
+
+def test_exhaust_is_refused_while_attempts_remain(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "failed", max_attempts=3)
+    with pytest.raises(GuardRefused) as e:
+        s.exhaust(it.key)
+    assert e.value.guard == "attempts_exhausted"
+
+
+def test_attempts_are_immutable_facts_with_appended_outcomes(any_store):
+    s = any_store.store
+    it, lease = to_state(s, "failed")
+    s.retry(it.key)
+    lease2 = begin_authorize(s, it.key)
+    s.record_unknown(lease2, reason="read timeout")
+    atts = s.attempts(it.key)
+    assert [a.outcomes for a in atts] == [("record_not_sent",), ("record_unknown",)]
+    assert [a.number for a in atts] == [1, 2]
+    assert atts[0].attempt_token == lease.attempt_token
+
+
+def test_unknown_is_never_retryable(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    with pytest.raises(IllegalMove):
+        s.retry(it.key)
+    with pytest.raises(IllegalMove):
+        s.begin(it.key)
+
+
+def test_pre_authorization_stale_worker_is_rejected_and_row_freed(any_store):
+    s = any_store.store
+    it = submit(s)
+    lease = s.begin(it.key, lease_seconds=10)
+    any_store.advance(11)
+    [due] = s.due_leases()
+    assert due.key == it.key
+    s.abandon_attempt(due)
+    assert s.get(it.key).state == "pending"
+    with pytest.raises(GuardRefused) as e:
+        s.authorize_dispatch(lease, request_digest=it.request_digest)
+    assert e.value.guard == "lease_holder"
+    assert s.attempts(it.key)[0].outcomes == ("abandon_attempt",)
+    s.begin(it.key)  # the row is free again
+
+
+def test_expired_lease_refuses_authorization_before_the_sweeper_runs(any_store):
+    s = any_store.store
+    it = submit(s)
+    lease = s.begin(it.key, lease_seconds=10)
+    any_store.advance(10)
+    with pytest.raises(GuardRefused) as e:
+        s.authorize_dispatch(lease, request_digest=it.request_digest)
+    assert e.value.guard == "lease_live"
+
+
+def test_post_authorization_worker_is_never_recovered(any_store):
+    s = any_store.store
+    it = submit(s)
+    lease = begin_authorize(s, it.key)
+    any_store.advance(31)
+    [due] = s.due_leases()
+    assert s.expire_lease(due).state == "indeterminate"
+    # the slow worker wakes up: its late success is refused and recorded nowhere as success
+    with pytest.raises(IllegalMove):
+        s.record_success(lease, remote_id="late")
+    for op in (s.retry, s.begin):
+        with pytest.raises(IllegalMove):
+            op(it.key)
+
+
+def test_sweeper_moves_only_the_row_it_planned_on(any_store):
+    s = any_store.store
+    it = submit(s)
+    s.begin(it.key, lease_seconds=10)
+    any_store.advance(11)
+    [due] = s.due_leases()
+    s.abandon_attempt(due)
+    s.begin(it.key, lease_seconds=10)
+    any_store.advance(11)
+    with pytest.raises(GuardRefused) as e:  # the old plan names the old attempt
+        s.abandon_attempt(due)
+    assert e.value.guard == "lease_holder"
+
+
+def test_wrong_bytes_are_not_authorized(any_store):
+    s = any_store.store
+    it = submit(s)
+    lease = s.begin(it.key)
+    with pytest.raises(GuardRefused) as e:
+        s.authorize_dispatch(lease, request_digest="0" * 64)
+    assert e.value.guard == "request_digest_matches"
+
+
+def test_reconciliation_moves_only_on_evidence(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate", max_reconciles=2)
+    plan = s.get(it.key).plan
+    assert s.reconcile_not_found(plan).state == "indeterminate"
+    with pytest.raises(GuardRefused) as e:  # a second reconciler with the same plan
+        s.reconcile_not_found(plan)
+    assert e.value.guard == "plan_unchanged"
+    with pytest.raises(GuardRefused) as e:
+        s.reconcile_absent(s.get(it.key).plan, fenced=False)
+    assert e.value.guard == "evidence_fenced"
+    s.reconcile_not_found(s.get(it.key).plan)
+    with pytest.raises(GuardRefused) as e:
+        s.reconcile_not_found(s.get(it.key).plan)
+    assert e.value.guard == "reconcile_budget_left"
+    assert s.park_unreconcilable(s.get(it.key).plan, reason="reconcile.budget_spent").state == "parked"
+    assert [r.result for r in s.reconciliations(it.key)] == ["unknown", "unknown", "unknown"]
+
+
+def test_fenced_absence_makes_failed_and_found_makes_published(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "indeterminate", text="a")
+    b, _ = to_state(s, "indeterminate", text="b")
+    assert s.reconcile_absent(s.get(a.key).plan, fenced=True).state == "failed"
+    done = s.reconcile_found(s.get(b.key).plan, remote_id="r-b")
+    assert done.state == "published" and done.remote_id == "r-b"
+
+
+@pytest.mark.parametrize("state", ["published", "parked"])
+def test_terminal_states_are_not_left_by_machine_events(any_store, state):
+    s = any_store.store
+    it, lease = to_state(s, state)
+    for op in (
+        lambda: s.retry(it.key),
+        lambda: s.begin(it.key),
+        lambda: s.exhaust(it.key),
+        lambda: s.reconcile_found(s.get(it.key).plan, remote_id="x"),
+        lambda: s.record_unknown(lease, reason="x"),
+    ):
+        with pytest.raises(Rejected):
+            op()
+    assert s.get(it.key).state == state
+
+
+def test_operator_moves_need_a_named_operator(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "parked")
+    with pytest.raises(GuardRefused) as e:
+        s.resolve_published(it.key, operator="  ", remote_id="r")
+    assert e.value.guard == "operator_identified"
+    done = s.resolve_published(it.key, operator="alice", remote_id="r-9")
+    assert done.state == "published"
+    assert s.history(it.key)[-1].actor == "operator:alice"
+
+
+def test_resend_bumps_the_resend_epoch_and_grants_one_attempt(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "parked", max_attempts=1)
+    again = s.resend(it.key, operator="alice")
+    assert (again.state, again.resend_epoch, again.max_attempts) == ("pending", 1, 2)
+    s.begin(it.key)
+
+
+def test_cannot_park_while_a_send_lease_is_live(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "authorized")
+    with pytest.raises(IllegalMove):
+        s.park(it.key, operator="alice")
+
+
+def test_unknown_key_is_a_typed_rejection(any_store):
+    with pytest.raises(UnknownIntent):
+        any_store.store.retry("f" * 64)
+
+
+def test_submit_is_idempotent_on_the_delivery_key(any_store):
+    s = any_store.store
+    a = submit(s, text="same\r\n")
+    b = submit(s, text="same")
+    assert a.key == b.key
+    assert len(s.list_intents()) == 1
+    assert [h.event for h in s.history(a.key)] == ["submit"]
+
+
+def test_history_is_ordered_by_store_sequence(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "published")
+    hist = s.history(it.key)
+    assert [h.event for h in hist] == ["submit", "begin", "authorize_dispatch", "record_success", "confirm_read_back"]
+    assert [h.seq for h in hist] == sorted(h.seq for h in hist)
+
+
+BAD_INTAKE = {
+    "nul in text": dict(request={"text": "a\x00b"}),
+    "lone surrogate": dict(request={"text": "a\ud800b"}),
+    "oversize": dict(request={"text": "x" * (1 << 20)}),
+    "nan": dict(request={"n": math.nan}),
+    "infinity": dict(request={"n": math.inf}),
+    "not json": dict(request={"s": {1, 2}}),
+    "non-string key": dict(request={1: "x"}),
+    "naive datetime": dict(request={"at": datetime(2026, 1, 1)}),
+    "empty account": dict(account=""),
+    "empty target": dict(target="  "),
+    "nul in account": dict(account="a\x00"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INTAKE))
+def test_bad_intake_is_a_typed_error_and_writes_nothing(any_store, case):
+    s = any_store.store
+    args = {"account": "acct", "action_kind": "post", "target": "t", "request": {"text": "ok"}} | BAD_INTAKE[case]
+    with pytest.raises(IntakeError):
+        s.submit(args["account"], args["action_kind"], args["target"], args["request"])
+    assert s.list_intents() == []
+
+
+@pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf, "10"])
+def test_bad_lease_lengths_are_refused_before_writing(any_store, seconds):
+    s = any_store.store
+    it = submit(s)
+    with pytest.raises(IntakeError):
+        s.begin(it.key, lease_seconds=seconds)
+    assert s.attempts(it.key) == [] and s.get(it.key).attempt_token is None

@@ -1,0 +1,95 @@
+"""The table loader, its schema, its immutability, and every static check (issue 2)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+
+from atmostonce.checks import CHECKS, check_table
+from atmostonce.table import TableError, load_table, parse_table, table
+from tests.fixtures.broken_tables import BROKEN, raw_table
+
+SIX = {"pending", "authorized", "published", "failed", "indeterminate", "parked"}
+
+
+def test_table_declares_the_six_states_with_kinds():
+    t = table()
+    assert set(t.states) == SIX
+    assert t.states["failed"].retryable and not t.states["indeterminate"].retryable
+    assert t.retryable_states == ("failed",)
+    assert set(t.terminal_states) == {"published", "parked"}
+    assert t.initial == "pending"
+
+
+def test_shipped_table_passes_every_static_check():
+    assert check_table(table()) == {}
+
+
+def test_table_is_immutable():
+    t = table()
+    with pytest.raises(TypeError):
+        t.states["new"] = t.states["pending"]  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.events["begin"].target = "published"  # type: ignore[misc]
+    assert isinstance(t.events["begin"].guards, tuple)
+
+
+def test_schema_rejects_unknown_keys_and_bad_kinds():
+    raw = raw_table()
+    raw["states"]["pending"]["kind"] = "sort_of_done"
+    with pytest.raises(TableError, match="states/pending/kind"):
+        parse_table(raw)
+    raw = raw_table()
+    raw["surprise"] = 1
+    with pytest.raises(TableError, match="schema"):
+        parse_table(raw)
+
+
+def test_missing_and_malformed_files_raise_table_error(tmp_path):
+    with pytest.raises(TableError, match="no table"):
+        load_table(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    with pytest.raises(TableError, match="not valid TOML"):
+        load_table(bad)
+
+
+def test_duplicate_event_names_are_refused():
+    raw = raw_table()
+    raw["events"].append(copy.deepcopy(raw["events"][1]))
+    with pytest.raises(TableError, match="declared twice"):
+        parse_table(raw)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_each_broken_table_fails_its_check(name):
+    check_name, breaker = BROKEN[name]
+    raw = raw_table()
+    breaker(raw)
+    problems = check_table(parse_table(raw))
+    assert check_name in problems, f"{name} should fail {check_name}; got {problems}"
+
+
+def test_every_check_has_a_broken_fixture():
+    assert {c for c, _ in BROKEN.values()} == set(CHECKS)
+
+
+def test_every_outcome_maps_to_exactly_one_declared_state():
+    t = table()
+    for o in t.outcomes.values():
+        assert o.state in t.states
+        assert t.events[o.event].target == o.state
+
+
+def test_only_machine_edge_into_pending_is_retry_from_failed():
+    t = table()
+    edges = [
+        (e.name, s)
+        for e in t.events.values()
+        if e.target == "pending" and not t.actors[e.actor].human
+        for s in e.sources
+        if s != "pending"
+    ]
+    assert edges == [("retry", "failed")]
