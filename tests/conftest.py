@@ -66,7 +66,7 @@ class ClockedStore:
         self.store, self.advance, self.kind = store, advance, kind
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def any_store(request):
     """Every implementation of the store protocol, one after the other."""
     if request.param == "memory":
@@ -80,7 +80,7 @@ def any_store(request):
     yield ClockedStore(store, lambda s: age_leases(store, s), request.param)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def sql_store(request):
     """Both SQL dialects."""
     return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import Rejected
+from .errors import AtMostOnceError, Rejected
 from .identity import request_digest
 from .records import Intent
 from .store import Store
@@ -242,6 +242,8 @@ class Reconciler:
                     name = self.reconcile_one(it)
                 except Rejected:
                     name = "skipped"
+                except AtMostOnceError:  # the lookup itself failed: no evidence, nothing written
+                    name = "lookup.error"
                 out[name] = out.get(name, 0) + 1
         return out
 

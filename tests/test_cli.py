@@ -1,0 +1,117 @@
+"""The command line: the demo main job, operator commands, exit codes and --json (issue 4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from atmostonce_cli.main import main
+from atmostonce_sql import open_store
+from tests.helpers import to_state
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def db(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ops.sqlite3'}"
+    store = open_store(url)
+    yield url, store
+    store.close()
+
+
+def test_demo_publishes_without_duplicates_on_sqlite(capsys):
+    rc, out, err = run(capsys, "--json", "demo", "--intents", "30", "--workers", "3", "--timeout", "90")
+    result = json.loads(out)
+    assert rc == 0 and result["ok"] is True
+    assert result["duplicates"] == 0
+    assert result["intents"] == 30 and sum(result["by_state"].values()) == 30
+    assert result["by_state"]["published"] + result["by_state"]["parked"] == 30
+    assert result["creates"] >= result["by_state"]["published"]
+
+
+@pytest.mark.postgres
+def test_demo_runs_on_postgresql(capsys, pg_databases):
+    url = pg_databases.fresh()
+    try:
+        rc, out, _ = run(capsys, "--json", "demo", "-n", "20", "--database-url", url, "--timeout", "90")
+        result = json.loads(out)
+        assert rc == 0 and result["duplicates"] == 0 and result["intents"] == 20
+    finally:
+        pg_databases.drop(url)
+
+
+def test_demo_refuses_a_database_that_already_holds_intents(capsys, db):
+    url, store = db
+    to_state(store, "pending")
+    rc, _, err = run(capsys, "demo", "-n", "5", "--database-url", url)
+    assert rc == 2 and "empty database" in err
+
+
+def test_intents_list_and_show(capsys, db):
+    url, store = db
+    it, _ = to_state(store, "indeterminate")
+    rc, out, _ = run(capsys, "intents", "list", "--state", "indeterminate", "--database-url", url)
+    assert rc == 0 and it.key[:16] in out and "indeterminate" in out
+    rc, out, _ = run(capsys, "--json", "intents", "show", it.key[:12], "--database-url", url)
+    data = json.loads(out)
+    assert rc == 0 and data["intent"]["key"] == it.key
+    assert [h["event"] for h in data["history"]] == ["submit", "begin", "authorize_dispatch", "record_unknown"]
+    assert [h["seq"] for h in data["history"]] == sorted(h["seq"] for h in data["history"])
+    rc, out, _ = run(capsys, "intents", "show", it.key, "--database-url", url)
+    assert "SEQ" in out and "record_unknown" in out
+
+
+def test_retry_is_refused_except_from_failed(capsys, db):
+    url, store = db
+    it, _ = to_state(store, "indeterminate")
+    rc, _, err = run(capsys, "retry", it.key, "--database-url", url)
+    assert rc == 1 and "source_state" in err
+    failed, _ = to_state(store, "failed", text="other")
+    rc, out, _ = run(capsys, "retry", failed.key, "--database-url", url)
+    assert rc == 0 and "pending" in out
+
+
+def test_park_resolve_and_resend(capsys, db):
+    url, store = db
+    it, _ = to_state(store, "indeterminate")
+    assert run(capsys, "park", it.key, "--operator", "alice", "--database-url", url)[0] == 0
+    rc, out, _ = run(
+        capsys, "--json", "resolve", it.key, "--operator", "alice", "--published", "r-77", "--database-url", url
+    )
+    assert rc == 0 and json.loads(out)["state"] == "published" and json.loads(out)["remote_id"] == "r-77"
+    other, _ = to_state(store, "parked", text="again")
+    rc, out, _ = run(capsys, "--json", "resend", other.key, "--operator", "bob", "--database-url", url)
+    assert rc == 0 and json.loads(out)["resend_epoch"] == 1
+
+
+def test_bad_input_gives_clean_errors(capsys, db):
+    url, _ = db
+    rc, _, err = run(capsys, "intents", "list", "--state", "sort_of", "--database-url", url)
+    assert rc == 2 and "unknown state" in err
+    rc, _, err = run(capsys, "intents", "show", "nope", "--database-url", url)
+    assert rc == 1 and "intent_exists" in err
+    rc, _, err = run(capsys, "intents", "list", "--database-url", "mysql://x/y")
+    assert rc == 2
+    with pytest.raises(SystemExit) as e:
+        main(["resolve", "k"])
+    assert e.value.code == 2
+
+
+def test_db_upgrade_and_spec_check(capsys, tmp_path):
+    rc, out, _ = run(capsys, "db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'new.sqlite3'}")
+    assert rc == 0 and "0001" in out
+    rc, out, _ = run(capsys, "spec", "check")
+    assert rc == 0 and "all checks pass" in out
+
+
+def test_sweep_command(capsys, db):
+    url, store = db
+    to_state(store, "authorized")
+    rc, out, _ = run(capsys, "--json", "sweep", "--database-url", url)
+    assert rc == 0 and json.loads(out) == {"expired": 0, "abandoned": 0, "skipped": 0}

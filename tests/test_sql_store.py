@@ -1,0 +1,131 @@
+"""SQL-only properties on both dialects: schema equals migrations, append-only enforced by the
+database, unique keys and tokens, the database clock decides, driver errors are mapped (issue 3)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from atmostonce import AppendOnlyViolation, StoreError
+from atmostonce_sql import make_engine, open_store
+from atmostonce_sql.schema import APPEND_ONLY_TABLES, metadata
+from tests.helpers import begin_authorize, submit, to_state
+
+
+def test_schema_built_from_migration_1_equals_the_declared_schema(sql_store):
+    with sql_store.engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diffs == []
+
+
+def test_migrations_are_recorded_and_idempotent(sql_store):
+    from atmostonce_sql import upgrade
+    from atmostonce_sql.migrate import current_revision
+
+    upgrade(sql_store.engine)  # a second run changes nothing
+    assert current_revision(sql_store.engine) == "0001"
+
+
+@pytest.mark.parametrize("table", APPEND_ONLY_TABLES)
+@pytest.mark.parametrize("statement", ["UPDATE {t} SET recorded_at = 0", "DELETE FROM {t}"])
+def test_append_only_tables_refuse_tampering(sql_store, table, statement):
+    it, _ = to_state(sql_store, "indeterminate")
+    sql_store.reconcile_not_found(sql_store.get(it.key).plan)
+    column = "opened_at" if table == "aom_attempts" else "recorded_at"
+    with sql_store.engine.connect() as conn:
+        before = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+    assert before > 0
+    with pytest.raises(AppendOnlyViolation):
+        with sql_store._tx() as conn:
+            conn.exec_driver_sql(statement.format(t=table).replace("recorded_at", column))
+    with sql_store.engine.connect() as conn:
+        assert conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one() == before
+
+
+@pytest.mark.postgres
+def test_truncate_of_history_is_refused_on_postgresql(pg_store):
+    to_state(pg_store, "published")
+    with pytest.raises(AppendOnlyViolation):
+        with pg_store._tx() as conn:
+            conn.exec_driver_sql("TRUNCATE aom_history CASCADE")
+
+
+def test_delivery_keys_and_attempt_tokens_are_unique_in_the_database(sql_store):
+    it, lease = to_state(sql_store, "failed")
+    with pytest.raises(StoreError):
+        with sql_store._tx() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO aom_attempts (attempt_token, key, number, generation, request_digest, opened_at) "
+                f"VALUES ('{lease.attempt_token}', '{it.key}', 99, 999999, 'x', 0)"
+            )
+    with pytest.raises(StoreError):
+        with sql_store._tx() as conn:
+            row = conn.execute(sa.text("SELECT * FROM aom_intents")).mappings().one()
+            cols = ", ".join(row.keys())
+            conn.execute(sa.text(f"INSERT INTO aom_intents ({cols}) SELECT {cols} FROM aom_intents"))
+
+
+def test_history_rows_carry_sequence_actor_and_wall_time(sql_store):
+    it, _ = to_state(sql_store, "parked")
+    hist = sql_store.history(it.key)
+    assert [h.seq for h in hist] == sorted({h.seq for h in hist})
+    assert hist[-1].actor == "operator:alice" and hist[1].actor == "worker"
+    now = sql_store.now()
+    assert all(now - 60 < h.recorded_at <= now + 1 for h in hist)
+
+
+def test_lease_deadlines_come_from_the_database_clock(sql_store):
+    it = submit(sql_store)
+    before = sql_store.now()
+    lease = sql_store.begin(it.key, lease_seconds=30)
+    after = sql_store.now()
+    assert before + 30 <= lease.expires_at <= after + 30
+
+
+@pytest.mark.parametrize("skew", [-600, 600])
+def test_worker_clock_skew_changes_nothing(sql_store, monkeypatch, skew):
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + skew)
+    it = submit(sql_store)
+    lease = sql_store.begin(it.key, lease_seconds=5)
+    db_now = sql_store.now()
+    assert abs(db_now - real()) < 5, "the store used the skewed worker clock"
+    assert lease.expires_at - db_now <= 5
+    assert sql_store.due_leases() == []  # a skewed worker cannot make a live lease look expired
+    sql_store.authorize_dispatch(lease, request_digest=it.request_digest)
+    assert sql_store.get(it.key).state == "authorized"
+
+
+@pytest.mark.postgres
+def test_sweeper_finds_due_leases_through_the_partial_index(pg_store):
+    for i in range(50):
+        begin_authorize(pg_store, submit(pg_store, text=f"t{i}").key)
+    with pg_store.engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        plan = "\n".join(
+            r[0]
+            for r in conn.exec_driver_sql(
+                "EXPLAIN SELECT * FROM aom_intents WHERE lease_expires_at IS NOT NULL "
+                "AND lease_expires_at <= 1e12 ORDER BY lease_expires_at LIMIT 100"
+            )
+        )
+    assert "aom_intents_lease_due" in plan
+
+
+def test_driver_errors_are_mapped_to_store_error(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'x.sqlite3'}")
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE aom_sequences")
+    it = submit(store)
+    with pytest.raises(StoreError):
+        store.begin(it.key)
+    store.close()
+
+
+def test_unsupported_urls_are_refused():
+    with pytest.raises(ValueError):
+        make_engine("mysql://nobody@localhost/x")
