@@ -70,6 +70,7 @@ class SqlStore(Operations):
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._now = db_now(self.dialect)
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._disabled_guards: frozenset[str] = frozenset()
 
     def close(self) -> None:
@@ -77,8 +78,14 @@ class SqlStore(Operations):
 
     # -- plumbing -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[Connection]:
+    def _tx(self, autocommit: bool = False) -> Iterator[Connection]:
+        """A transaction (or, with ``autocommit``, a connection for one self-contained statement);
+        driver errors are mapped to :class:`StoreError`."""
         try:
+            if autocommit:
+                with self._autocommit.connect() as conn:
+                    yield conn
+                return
             with self.engine.begin() as conn:
                 yield conn
         except Rejected:
@@ -151,7 +158,9 @@ class SqlStore(Operations):
             if row is None:
                 existing = conn.execute(sa.select(intents).where(intents.c.key == sub.key)).mappings().one()
                 return self._intent(existing), False
-            self._insert_history(conn, "submit", self.table.event("submit").actor, row, {}, None, None, None)
+            creator = next(e for e in self.table.events.values() if e.creates)
+            src = sa.select(intents).where(intents.c.key == sub.key).subquery("u")
+            conn.execute(self._history_insert(creator, {}, src, opens=False))
             return self._intent(row), True
 
     def _where(self, ev, key: str, args: Mapping[str, Any]) -> list[sa.ColumnElement]:
@@ -164,57 +173,100 @@ class SqlStore(Operations):
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
         ev = self.table.event(event)
-        c = intents.c
+        if self.dialect == "postgresql":
+            return self._apply_one_statement(ev, key, args)
         with self._tx() as conn:
-            values: dict[str, Any] = {
-                "state": ev.target,
-                "prev_state": c.state,
-                "prev_attempt_token": c.attempt_token,
-                "updated_at": self._now,
-            }
-            for eff in ev.effects:
-                values.update(self._effect_values(conn, eff, args))
-            stmt = sa.update(intents).where(*self._where(ev, key, args)).values(**values).returning(*intents.c)
-            row = conn.execute(stmt).mappings().first()
+            row = conn.execute(self._update(conn, ev, key, args)).mappings().first()
             if row is None:
                 raise self._diagnose(conn, ev, key, args)  # the transaction rolls back
-            token, gen = (
-                (row["attempt_token"], row["generation"])
-                if "open_attempt" in ev.effects
-                else (
-                    row["prev_attempt_token"],
-                    args.get("generation", row["generation"]),
+            src = sa.select(intents).where(intents.c.key == key).subquery("u")
+            for stmt in self._appends(ev, args, src):
+                conn.execute(stmt)
+            return self._intent(row)
+
+    def _apply_one_statement(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
+        """PostgreSQL: the conditional UPDATE and every append in one statement (data-modifying CTEs),
+        sent in autocommit mode: one round trip per accepted transition."""
+        with self._tx(autocommit=True) as conn:
+            upd = self._update(conn, ev, key, args).cte("u")
+            appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self._appends(ev, args, upd))]
+            row = conn.execute(sa.select(*upd.c).add_cte(*appends)).mappings().first()
+            if row is None:
+                raise self._diagnose(conn, ev, key, args)
+            return self._intent(row)
+
+    def _update(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> sa.Update:
+        """The gate: ``UPDATE ... WHERE key AND state IN (sources) AND guards RETURNING *``."""
+        c = intents.c
+        values: dict[str, Any] = {
+            "state": ev.target,
+            "prev_state": c.state,
+            "prev_attempt_token": c.attempt_token,
+            "updated_at": self._now,
+        }
+        for eff in ev.effects:
+            values.update(self._effect_values(conn, eff, args))
+        return sa.update(intents).where(*self._where(ev, key, args)).values(**values).returning(*intents.c)
+
+    def _appends(self, ev, args: Mapping[str, Any], src) -> list[sa.Insert]:
+        """The append-only rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``."""
+        u = src.c
+        out: list[sa.Insert] = []
+        opens = "open_attempt" in ev.effects
+        if opens:
+            out.append(
+                sa.insert(attempts).from_select(
+                    ["attempt_token", "key", "number", "generation", "request_digest", "opened_at"],
+                    sa.select(u.attempt_token, u.key, u.attempt_count, u.generation, u.request_digest, self._now),
                 )
             )
-            if "open_attempt" in ev.effects:
-                conn.execute(
-                    sa.insert(attempts).values(
-                        attempt_token=row["attempt_token"],
-                        key=key,
-                        number=row["attempt_count"],
-                        generation=row["generation"],
-                        request_digest=row["request_digest"],
-                        opened_at=self._now,
-                    )
+        if "close_attempt" in ev.effects:
+            out.append(
+                sa.insert(attempt_outcomes).from_select(
+                    ["attempt_token", "outcome", "recorded_at"],
+                    sa.select(u.prev_attempt_token, sa.literal(ev.name, sa.Text), self._now).where(
+                        u.prev_attempt_token.is_not(None)
+                    ),
                 )
-            if "close_attempt" in ev.effects and row["prev_attempt_token"] is not None:
-                conn.execute(
-                    sa.insert(attempt_outcomes).values(
-                        attempt_token=row["prev_attempt_token"], outcome=event, recorded_at=self._now
-                    )
+            )
+        if "count_reconcile" in ev.effects:
+            out.append(
+                sa.insert(reconciliations).from_select(
+                    ["key", "result", "remote_id", "recorded_at"],
+                    sa.select(
+                        u.key,
+                        sa.literal(args.get("result", "unknown"), sa.Text),
+                        sa.literal(args.get("remote_id"), sa.Text),
+                        self._now,
+                    ),
                 )
-            if "count_reconcile" in ev.effects:
-                conn.execute(
-                    sa.insert(reconciliations).values(
-                        key=key,
-                        result=args.get("result", "unknown"),
-                        remote_id=args.get("remote_id"),
-                        recorded_at=self._now,
-                    )
-                )
-            actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
-            self._insert_history(conn, event, actor, row, args, row["prev_state"], token, gen)
-            return self._intent(row)
+            )
+        out.append(self._history_insert(ev, args, src, opens))
+        return out
+
+    def _history_insert(self, ev, args: Mapping[str, Any], src, opens: bool) -> sa.Insert:
+        u = src.c
+        actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
+        detail = {k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")}
+        if opens or ev.creates:
+            token, gen = u.attempt_token, u.generation
+        else:
+            token = u.prev_attempt_token
+            gen = sa.literal(args["generation"], sa.BigInteger) if args.get("generation") is not None else u.generation
+        return sa.insert(history).from_select(
+            ["key", "event", "actor", "from_state", "to_state", "attempt_token", "generation", "detail", "recorded_at"],
+            sa.select(
+                u.key,
+                sa.literal(ev.name, sa.Text),
+                sa.literal(actor, sa.Text),
+                sa.null() if ev.creates else u.prev_state,
+                u.state,
+                token,
+                gen,
+                sa.literal(detail, history.c.detail.type),
+                self._now,
+            ),
+        )
 
     def _effect_values(self, conn: Connection, eff: str, args: Mapping[str, Any]) -> dict[str, Any]:
         c = intents.c
@@ -257,22 +309,6 @@ class SqlStore(Operations):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
         return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
-
-    def _insert_history(self, conn, event, actor, row, args, from_state, token, gen) -> None:
-        detail = {k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")}
-        conn.execute(
-            sa.insert(history).values(
-                key=row["key"],
-                event=event,
-                actor=actor,
-                from_state=from_state,
-                to_state=row["state"],
-                attempt_token=token,
-                generation=gen,
-                detail=detail,
-                recorded_at=self._now,
-            )
-        )
 
     # -- reads ----------------------------------------------------------------------------
     def find(self, key: str) -> Intent | None:
