@@ -95,9 +95,19 @@ def test_bad_input_gives_clean_errors(capsys, db):
     rc, _, err = run(capsys, "intents", "list", "--state", "sort_of", "--database-url", url)
     assert rc == 2 and "unknown state" in err
     rc, _, err = run(capsys, "intents", "show", "nope", "--database-url", url)
-    assert rc == 1 and "intent_exists" in err
+    assert rc == 2 and "at least 8 characters" in err
+    rc, _, err = run(capsys, "intents", "show", "0123456789abcdef", "--database-url", url)
+    assert rc == 2 and "no intent has a key starting with" in err
     rc, _, err = run(capsys, "intents", "list", "--database-url", "mysql://x/y")
     assert rc == 2
+    rc, out, err = run(capsys, "--json", "intents", "list", "--database-url", "sqlite:////nonexistent/dir/x.db")
+    assert rc == 3 and "cannot open the database" in err and "store_error" in json.loads(out)
+    rc, _, err = run(capsys, "db", "upgrade", "--database-url", "sqlite://x.sqlite3")
+    assert rc == 2 and "malformed" in err
+    rc, _, err = run(capsys, "intents", "list", "--database-url", "")
+    assert rc == 2 and "empty" in err
+    rc, _, err = run(capsys, "demo", "--crash-rate", "2")
+    assert rc == 2 and "probability" in err
     with pytest.raises(SystemExit) as e:
         main(["resolve", "k"])
     assert e.value.code == 2
@@ -108,6 +118,34 @@ def test_db_upgrade_and_spec_check(capsys, tmp_path):
     assert rc == 0 and "0001" in out
     rc, out, _ = run(capsys, "spec", "check")
     assert rc == 0 and "all checks pass" in out
+
+
+def test_piping_into_a_closed_reader_exits_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'p.sqlite3'}"
+    store = open_store(url)
+    for i in range(300):
+        store.submit("acct", "post", "t", {"text": f"p{i}"})
+    store.close()
+    cmd = f"{sys.executable} -m atmostonce_cli.main intents list --limit 300 --database-url {url} | head -1"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr and proc.stdout.startswith("KEY")
+
+
+def test_work_command_dispatches_through_a_platform_config(capsys, db, tmp_path):
+    from atmostonce_http import PlatformSink, sink_config
+
+    url, store = db
+    it, _ = to_state(store, "pending")
+    with PlatformSink() as sink:
+        cfg = tmp_path / "platform.json"
+        cfg.write_text(json.dumps(sink_config(sink.url).as_mapping()))
+        rc, out, _ = run(capsys, "--json", "work", "--platform-config", str(cfg), "--database-url", url)
+        assert rc == 0 and json.loads(out) == {"read_back.match": 1}
+        assert sink.creates == 1
+    assert store.get(it.key).state == "published"
 
 
 def test_sweep_command(capsys, db):

@@ -15,7 +15,7 @@ from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, SimulatedC
 from atmostonce_http import HttpTransport, PlatformSink, sink_config
 from tests.helpers import submit
 
-CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick=100)
+CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0)
 
 
 @pytest.fixture(params=[True, False], ids=["fenced", "unfenced"])
@@ -165,3 +165,14 @@ def test_a_lookup_that_errors_is_no_evidence_and_writes_nothing(any_store, platf
     sink.stop()  # the platform is unreachable during reconciliation
     assert Reconciler(store, transport, CONFIG).run() == {"lookup.error": 1}
     assert (store.get(it.key), store.reconciliations(it.key)) == before
+
+
+def test_reconcile_lookups_of_one_intent_are_spaced_by_the_store_clock(any_store, platform):
+    sink, transport, _ = platform
+    store = any_store.store
+    it = submit(store)
+    sink.plan("error_before_write")
+    Dispatcher(store, transport, CONFIG).dispatch(it.key)
+    paced = Reconciler(store, transport, dataclasses.replace(CONFIG, reconcile_interval=3600))
+    assert paced.run() == {"deferred": 1}
+    assert store.reconciliations(it.key) == []

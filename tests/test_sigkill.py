@@ -60,7 +60,7 @@ def test_sigkill_at_every_step_boundary(request, dialect):
     dbs = request.getfixturevalue("sqlite_databases" if dialect == "sqlite" else "pg_databases")
     url = dbs.fresh()
     store = open_store(url, migrate=False)
-    config = RuntimeConfig(lease_seconds=30, send_lease_seconds=30, retries_per_tick=1000)
+    config = RuntimeConfig(lease_seconds=30, send_lease_seconds=30, retries_per_tick=1000, reconcile_interval=0)
     try:
         with PlatformSink(dedupe=False, fenced_lookup=True) as sink:
             keys = [store.submit("acct", "post", "room", {"text": f"k{i}"}).key for i in range(30)]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from atmostonce.errors import Rejected
 from atmostonce.runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
 
 from .stores import open_store_url
@@ -52,6 +53,7 @@ class DemoResult:
     seconds: float
     database: str
     finished: bool
+    parked_with_object: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -118,13 +120,18 @@ def run_demo(
         store.close()
         raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
     run = uuid.uuid4().hex[:8]
-    config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25)
+    config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5)
     crasher = _Crasher(crash_rate, seed)
     outcomes: dict[str, int] = {}
     olock = threading.Lock()
 
     def on_result(key: str, result: Any) -> None:
-        name = result if isinstance(result, str) else f"{type(result).__name__}"
+        if isinstance(result, str):
+            name = result
+        elif isinstance(result, Rejected):  # e.g. a lease that expired while the worker was slow
+            name = f"refused:{result.event}:{result.guard}"
+        else:
+            name = f"crash:{result}" if isinstance(result, SimulatedCrash) else type(result).__name__
         with olock:
             outcomes[name] = outcomes.get(name, 0) + 1
 
@@ -179,8 +186,9 @@ def run_demo(
         by_key = sink.creates_by_key
         dup_keys = sorted(k for k, c in by_key.items() if c > 1)
         on_platform = {obj["body"].get("delivery_key") for obj in sink.objects.values()}
-        published = [it for it in store.list_intents(limit=n + 1) if it.state == "published"]
-        missing = sum(1 for it in published if it.key not in on_platform)
+        finals = {k: store.get(k) for k in keys}
+        missing = sum(1 for it in finals.values() if it.state == "published" and it.key not in on_platform)
+        parked_on_platform = sum(1 for it in finals.values() if it.state == "parked" and it.key in on_platform)
         result = DemoResult(
             intents=len(keys),
             by_state=counts,
@@ -193,8 +201,9 @@ def run_demo(
             outcomes=dict(sorted(outcomes.items())),
             faults=dict(sink.faults_applied),
             seconds=round(time.monotonic() - started, 2),
-            database=database_url.split("@")[-1],
+            database=database_url if tmp is not None else database_url.split("@")[-1],
             finished=finished,
+            parked_with_object=parked_on_platform,
         )
         transport.close()
     store.close()
@@ -206,9 +215,11 @@ def format_result(r: DemoResult) -> str:
     rows += [(f"  {state}", count) for state, count in r.by_state.items()]
     rows += [
         ("create requests the platform received", r.create_requests),
+        ("  (faults before the write, and writes fenced off by a lookup, create nothing)", ""),
         ("objects the platform created", r.creates),
         ("duplicates (must be 0)", r.duplicates),
         ("published intents with no object", r.published_without_object),
+        ("parked intents whose object exists (a human resolves them)", r.parked_with_object),
         ("workers killed at a step boundary", r.crashes),
         ("faults injected", sum(r.faults.values())),
         ("time (s)", r.seconds),
@@ -217,6 +228,7 @@ def format_result(r: DemoResult) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     if not r.finished:
-        lines.append("note: stopped at the timeout with intents still open")
+        lines.append("NOT SETTLED: stopped at the timeout with intents still open")
     lines.append("OK: at most once" if r.ok else f"FAILED: duplicates for {r.duplicate_keys[:5]}")
+    lines.append(f"database kept at {r.database}: inspect it with `atmostonce intents list --database-url URL`")
     return "\n".join(lines)

@@ -58,22 +58,28 @@ def _store(args):
 
 
 def _resolve_key(store, key: str) -> str:
-    """Accept a full delivery key or a unique prefix of at least 8 characters."""
+    """Accept a full delivery key or a unique prefix of at least 8 characters (case-insensitive)."""
+    key = key.strip().lower()
     if store.find(key) is not None:
         return key
-    if len(key) >= 8:
-        matches = [it.key for it in store.list_intents(limit=100_000) if it.key.startswith(key)]
-        if len(matches) == 1:
-            return matches[0]
-        if len(matches) > 1:
-            raise IntakeError(f"key prefix {key!r} matches {len(matches)} intents; give more characters")
-    return key
+    if len(key) < 8:
+        raise IntakeError(f"no intent has the key {key!r}; give the full key or a prefix of at least 8 characters")
+    matches = [it.key for it in store.list_intents(limit=1_000_000) if it.key.startswith(key)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise IntakeError(f"key prefix {key!r} matches {len(matches)} intents; give more characters")
+    raise IntakeError(f"no intent has a key starting with {key!r}")
 
 
 # ---------------------------------------------------------------- commands
 def cmd_demo(args) -> int:
     from .demo import format_result, run_demo
 
+    if not 0.0 <= args.crash_rate <= 1.0:
+        raise IntakeError("--crash-rate is a probability between 0 and 1")
+    if args.timeout <= 0:
+        raise IntakeError("--timeout must be a positive number of seconds")
     result = run_demo(
         n=args.intents,
         workers=args.workers,
@@ -84,7 +90,7 @@ def cmd_demo(args) -> int:
         progress=None if args.json else sys.stderr,
     )
     _emit(args, result.as_dict(), format_result(result))
-    return EXIT_OK if result.ok else EXIT_REFUSED
+    return EXIT_OK if result.ok and result.finished else EXIT_REFUSED
 
 
 def cmd_intents_list(args) -> int:
@@ -162,6 +168,28 @@ def _platform(args):
         return HttpTransport(HttpPlatformConfig.from_mapping(json.load(f)))
 
 
+def cmd_work(args) -> int:
+    from atmostonce.runtime import Dispatcher, Reconciler, Sweeper
+
+    store, transport = _store(args), _platform(args)
+    counts: dict[str, int] = {}
+    try:
+        d = Dispatcher(store, transport)
+        Sweeper(store).tick()
+        for key in store.claimable(args.limit):
+            try:
+                name = d.dispatch(key)
+            except Rejected as exc:
+                name = f"refused:{exc.event}:{exc.guard}"
+            counts[name] = counts.get(name, 0) + 1
+        for name, n in Reconciler(store, transport).run().items():
+            counts[f"reconcile:{name}"] = counts.get(f"reconcile:{name}", 0) + n
+    finally:
+        transport.close()
+    _emit(args, counts, "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to do")
+    return EXIT_OK
+
+
 def cmd_sweep(args) -> int:
     from atmostonce.runtime import Sweeper
 
@@ -211,15 +239,14 @@ def cmd_resolve(args) -> int:
 
 
 def cmd_db_upgrade(args) -> int:
-    from atmostonce_sql import make_engine, upgrade
+    from atmostonce_sql import open_store
     from atmostonce_sql.migrate import current_revision
 
-    engine = make_engine(args.database_url or DEFAULT_URL)
+    store = open_store(args.database_url if args.database_url is not None else DEFAULT_URL, migrate=True)
     try:
-        upgrade(engine)
-        rev = current_revision(engine)
+        rev = current_revision(store.engine)
     finally:
-        engine.dispose()
+        store.close()
     _emit(args, {"revision": rev}, f"database at revision {rev}")
     return EXIT_OK
 
@@ -263,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("key")
     sh.set_defaults(func=cmd_intents_show)
 
+    wk = db(sub.add_parser("work", help="one worker pass: sweep, dispatch pending intents, reconcile unknown ones"))
+    wk.add_argument("--platform-config", help="JSON file with the HTTP platform configuration")
+    wk.add_argument("--limit", type=int, default=100, help="dispatch at most this many intents")
+    wk.set_defaults(func=cmd_work)
     sw = db(sub.add_parser("sweep", help="act on expired leases once"))
     sw.set_defaults(func=cmd_sweep)
     rc = db(sub.add_parser("reconcile", help="look indeterminate intents up on the platform (one lookup each)"))
@@ -311,16 +342,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except Rejected as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"refused": exc.as_dict()}))
-        return EXIT_REFUSED
-    except (IntakeError, ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, f"refused: {exc}", {"refused": exc.as_dict()}, EXIT_REFUSED)
+    except (IntakeError, ValueError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _quiet_broken_pipe()
+        return _fail(args, f"error: {exc}", {"error": str(exc)}, EXIT_USAGE)
     except StoreError as exc:
-        print(f"store error: {exc}", file=sys.stderr)
-        return EXIT_STORE
+        return _fail(args, f"store error: {exc}", {"store_error": str(exc)}, EXIT_STORE)
+
+
+def _fail(args, message: str, doc: dict, code: int) -> int:
+    print(message, file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps(doc))
+    return code
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (``| head``): stop quietly, as Unix tools do."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,7 +37,10 @@ def open_store_url(url: str | None = None, **kw: Any) -> Store:
 
     Raises ``ValueError`` for a scheme no installed plugin handles.
     """
-    url = url or os.environ.get("ATMOSTONCE_DATABASE_URL") or DEFAULT_URL
+    if url is None:
+        url = os.environ.get("ATMOSTONCE_DATABASE_URL") or DEFAULT_URL
+    if not url.strip():
+        raise ValueError("the database URL is empty")
     scheme = scheme_of(url)
     eps = {ep.name: ep for ep in entry_points(group="atmostonce.stores")}
     factory = eps[scheme].load() if scheme in eps else _fallback(scheme)

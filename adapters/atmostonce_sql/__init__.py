@@ -11,6 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from atmostonce.errors import StoreError
+
 from .migrate import upgrade
 from .store import SqlStore
 
@@ -28,7 +30,15 @@ def normalize_url(url: str) -> str:
 def make_engine(url: str, *, pool_size: int = 8) -> Engine:
     """An engine configured for the store: SQLite in WAL with ``BEGIN IMMEDIATE`` transactions
     (write serialization), PostgreSQL through psycopg 3 with a connection pool."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("a database URL is required (sqlite:///path or postgresql://...)")
     url = normalize_url(url)
+    try:
+        sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ValueError(f"malformed database URL {url!r}: {exc}") from exc
+    if url.startswith("sqlite") and not url.startswith(("sqlite:///", "sqlite+pysqlite:///")):
+        raise ValueError(f"malformed SQLite URL {url!r}: use sqlite:///relative/path or sqlite:////absolute/path")
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -53,8 +63,28 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
 
 
 def open_store(url: str, *, migrate: bool = True, pool_size: int = 8, **kw: Any) -> SqlStore:
-    """Open a store at ``url``; raises ``ValueError`` for an unsupported URL, ``StoreError`` on driver errors."""
+    """Open a store at ``url``; raises ``ValueError`` for an unsupported or malformed URL,
+    ``StoreError`` when the database cannot be reached or opened."""
     engine = make_engine(url, pool_size=pool_size)
-    if migrate:
-        upgrade(engine)
+    try:
+        if migrate:
+            upgrade(engine)
+        else:
+            with engine.connect():
+                pass
+    except sa.exc.SQLAlchemyError as exc:
+        engine.dispose()
+        raise StoreError(f"cannot open the database at {_redact(url)}: {_reason(exc)}") from exc
     return SqlStore(engine, **kw)
+
+
+def _reason(exc: Exception) -> str:
+    orig = getattr(exc, "orig", None)
+    return " ".join(str(orig if orig is not None else exc).split())[:300]
+
+
+def _redact(url: str) -> str:
+    try:
+        return sa.engine.make_url(normalize_url(url)).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<malformed URL>"

@@ -65,6 +65,10 @@ def remote_id_known(c, args, now):
     return c.remote_id.is_not(None)
 
 
+def no_remote_object(c, args, now):
+    return c.remote_id.is_(None)
+
+
 def plan_unchanged(c, args, now):
     return sa.and_(
         c.generation.is_not_distinct_from(sa.bindparam(None, args.get("plan_generation"), type_=c.generation.type)),
@@ -96,6 +100,7 @@ SQL_GUARDS: dict[str, SqlGuard] = {
         lease_expired,
         request_digest_matches,
         remote_id_known,
+        no_remote_object,
         plan_unchanged,
         reconcile_budget_left,
         evidence_fenced,

@@ -32,8 +32,8 @@ from atmostonce.errors import (
     StoreError,
     UnknownIntent,
 )
-from atmostonce.identity import attempt_token
-from atmostonce.records import Attempt, HistoryEntry, Intent, Reconciliation, Submission
+from atmostonce.identity import attempt_token, load_canonical
+from atmostonce.records import Attempt, HistoryEntry, Intent, Reconciliation, Submission, check_limit, check_text
 from atmostonce.store import Operations
 from atmostonce.table import Table
 from atmostonce.table import table as default_table
@@ -112,7 +112,10 @@ class SqlStore(Operations):
 
     @staticmethod
     def _intent(row: Mapping[str, Any]) -> Intent:
-        return Intent(**{k: row[k] for k in _INTENT_FIELDS})
+        d = {k: row[k] for k in _INTENT_FIELDS}
+        d["request"] = load_canonical(d["request"])  # canonical JSON text: the exact bytes that were digested
+        d["descriptor"] = _json(d["descriptor"])
+        return Intent(**d)
 
     # -- primitives -----------------------------------------------------------------------
     def _create(self, sub: Submission) -> tuple[Intent, bool]:
@@ -125,7 +128,7 @@ class SqlStore(Operations):
             "account": sub.account,
             "action_kind": sub.action_kind,
             "target": sub.target,
-            "request": dict(sub.request),
+            "request": sub.request_json,
             "request_digest": sub.request_digest,
             "state": self.table.initial,
             "prev_state": None,
@@ -276,6 +279,7 @@ class SqlStore(Operations):
                 "attempt_token": attempt_token(),
                 "generation": self._next_generation(conn),
                 "lease_expires_at": self._now + float(args["lease_seconds"]),
+                "remote_id": None,
             }
         if eff == "extend_lease":
             return {"lease_expires_at": self._now + float(args["lease_seconds"])}
@@ -312,6 +316,7 @@ class SqlStore(Operations):
 
     # -- reads ----------------------------------------------------------------------------
     def find(self, key: str) -> Intent | None:
+        check_text("key", key, max_chars=256)
         with self._tx() as conn:
             row = conn.execute(sa.select(intents).where(intents.c.key == key)).mappings().first()
             return None if row is None else self._intent(row)
@@ -323,6 +328,7 @@ class SqlStore(Operations):
         return it
 
     def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
+        check_limit(limit)
         q = sa.select(intents).order_by(intents.c.created_at, intents.c.key).limit(limit)
         if state is not None:
             q = q.where(intents.c.state == state)

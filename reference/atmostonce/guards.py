@@ -53,6 +53,10 @@ def remote_id_known(row, args, now) -> bool:
     return row["remote_id"] is not None
 
 
+def no_remote_object(row, args, now) -> bool:
+    return row["remote_id"] is None
+
+
 def plan_unchanged(row, args, now) -> bool:
     return row["generation"] == args.get("plan_generation") and row["reconcile_count"] == args.get(
         "plan_reconcile_count"
@@ -83,6 +87,7 @@ GUARDS: dict[str, GuardFn] = {
         lease_expired,
         request_digest_matches,
         remote_id_known,
+        no_remote_object,
         plan_unchanged,
         reconcile_budget_left,
         evidence_fenced,

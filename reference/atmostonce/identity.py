@@ -22,6 +22,7 @@ lone surrogates, empty required parts.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import secrets
@@ -42,6 +43,7 @@ __all__ = [
     "claim_id",
     "delivery_key",
     "digest_bytes",
+    "load_canonical",
     "normalize_text",
     "raw_digest",
     "request_digest",
@@ -61,8 +63,13 @@ class IdentityError(ValueError):
     """A value has no canonical form and cannot take part in an identity."""
 
 
-_TRAILING_WS = re.compile(r"[ \t\u00a0\u3000]+$", re.MULTILINE)
-_INNER_WS = re.compile(r"[ \t\u00a0\u3000]+")
+# Characters a reader cannot see: zero-width space, zero-width no-break space (BOM), soft hyphen,
+# word joiner, invisible separators. ZWJ (U+200D) and ZWNJ (U+200C) stay: they change how emoji
+# and some scripts render.
+_INVISIBLE = re.compile("[\u200b\ufeff\u00ad\u2060\u2061\u2062\u2063\u2064\u180e]")
+_SPACES = "\t\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+_TRAILING_WS = re.compile(f"[ {_SPACES}]+$", re.MULTILINE)
+_INNER_WS = re.compile(f"[ {_SPACES}]+")
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
 
@@ -78,8 +85,10 @@ def _check_text(s: str, what: str) -> None:
 def normalize_text(text: str, version: int = NORMALIZER_VERSION) -> str:
     """Normalize text for comparison and hashing (version 1).
 
-    v1 rules, in order: Unicode NFC; CRLF and lone CR become LF; tabs, no-break
-    and ideographic spaces inside a line fold to one space; trailing spaces of
+    v1 rules, in order: Unicode NFC; invisible characters (zero-width space,
+    BOM, soft hyphen, word joiner) are dropped; CRLF and lone CR become LF;
+    tabs and the Unicode space characters (no-break, narrow, em/en, ideographic,
+    ...) inside a line fold to one space; trailing spaces of
     each line are dropped; three or more newlines fold to two (one blank line);
     leading and trailing blank space of the whole text is dropped. Case and
     punctuation are kept: they change what a reader sees.
@@ -92,6 +101,7 @@ def normalize_text(text: str, version: int = NORMALIZER_VERSION) -> str:
         raise IdentityError(f"text must be str, not {type(text).__name__}")
     _check_text(text, "text")
     t = unicodedata.normalize("NFC", text)
+    t = _INVISIBLE.sub("", t)
     t = t.replace("\r\n", "\n").replace("\r", "\n")
     t = _TRAILING_WS.sub("", t)
     t = _INNER_WS.sub(" ", t)
@@ -130,11 +140,28 @@ def canonical_json(value: Any) -> bytes:
     Raises :class:`IdentityError` for NaN, infinities, non-string keys,
     non-JSON types, NUL bytes and lone surrogates.
     """
-    checked = _canonical_value(value, "$")
+    try:
+        checked = _canonical_value(value, "$")
+    except RecursionError as exc:
+        raise IdentityError("value is nested too deeply") from exc
     try:
         return rfc8785.dumps(checked)
-    except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:  # integers out of range
+    except (rfc8785.CanonicalizationError, ValueError, TypeError, RecursionError) as exc:  # e.g. integers out of range
         raise IdentityError(f"no canonical JSON form: {exc}") from exc
+
+
+_SAFE_INT = 2**53
+
+
+def _parse_int(text: str) -> int | float:
+    n = int(text)
+    # RFC 8785 writes large floats (1e16) without an exponent; integers that big are refused on the way in
+    return float(n) if abs(n) > _SAFE_INT else n
+
+
+def load_canonical(raw: str | bytes) -> Any:
+    """Parse canonical JSON back into the values it was made from (exact round trip of :func:`canonical_json`)."""
+    return json.loads(raw, parse_int=_parse_int)
 
 
 def digest_bytes(data: bytes) -> str:

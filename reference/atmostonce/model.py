@@ -12,6 +12,8 @@ shortcuts are disabled.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import threading
 import time
@@ -23,7 +25,7 @@ from transitions import Machine
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
-from .records import Attempt, HistoryEntry, Intent, Reconciliation, Submission
+from .records import Attempt, HistoryEntry, Intent, Reconciliation, Submission, check_limit, check_text
 from .store import Operations
 from .table import Table
 from .table import table as default_table
@@ -101,7 +103,7 @@ class MemoryStore(Operations):
                 "account": sub.account,
                 "action_kind": sub.action_kind,
                 "target": sub.target,
-                "request": dict(sub.request),
+                "request": copy.deepcopy(dict(sub.request)),
                 "request_digest": sub.request_digest,
                 "state": self.table.initial,
                 "attempt_count": 0,
@@ -122,7 +124,8 @@ class MemoryStore(Operations):
             self._machine.add_model(cell, initial=self.table.initial)
             self._rows[sub.key] = row
             self._cells[sub.key] = cell
-            self._append_history(sub.key, "submit", self.table.event("submit").actor, None, row, {}, now)
+            creator = next(e for e in self.table.events.values() if e.creates)
+            self._history.append(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
             return self._intent(row), True
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
@@ -139,81 +142,90 @@ class MemoryStore(Operations):
                     continue
                 if not GUARDS[g](row, args, now):
                     raise GuardRefused(event, key, g, row["state"])
-            new = dict(row)
-            presented = (row["attempt_token"], row["generation"])
+            # compute everything first; commit only when nothing else can fail
+            new = copy.deepcopy(row)
+            appends: list[tuple[list, Any]] = []
             for eff in ev.effects:
-                getattr(self, f"_eff_{eff}")(new, args, now, event)
+                getattr(self, f"_eff_{eff}")(new, args, now, event, appends)
             new["state"] = ev.target
             new["updated_at"] = now
+            opens = "open_attempt" in ev.effects
+            token, gen = (
+                (new["attempt_token"], new["generation"]) if opens else (row["attempt_token"], row["generation"])
+            )
+            actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
+            entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)
             cell = self._cells[key]
             if not getattr(cell, event)():  # pragma: no cover - guards were checked above
                 raise StoreError(f"transitions refused {event} from {row['state']}")
             assert cell.state == ev.target
             self._rows[key] = new
-            token, gen = (new["attempt_token"], new["generation"]) if "open_attempt" in ev.effects else presented
-            actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
-            self._append_history(key, event, actor, row["state"], new, args, now, token, gen)
+            for target, item in appends:
+                target.append(item)
+            self._history.append(entry)
             return self._intent(new)
 
     # -- effects (names from the table's effect catalogue) --------------------------------
-    def _eff_create(self, row, args, now, event):  # pragma: no cover - creation goes through _create
+    def _eff_create(self, row, args, now, event, appends):  # pragma: no cover - creation goes through _create
         raise StoreError("create is not applied to an existing row")
 
-    def _eff_open_attempt(self, row, args, now, event):
+    def _eff_open_attempt(self, row, args, now, event, appends):
         tok = attempt_token()
         gen = next(self._generation)
         row["attempt_count"] += 1
         row["attempt_token"] = tok
         row["generation"] = gen
         row["lease_expires_at"] = now + args["lease_seconds"]
-        self._attempts.append(
-            {
-                "attempt_token": tok,
-                "key": row["key"],
-                "number": row["attempt_count"],
-                "generation": gen,
-                "opened_at": now,
-            }
-        )
+        row["remote_id"] = None
+        attempt = {
+            "attempt_token": tok,
+            "key": row["key"],
+            "number": row["attempt_count"],
+            "generation": gen,
+            "opened_at": now,
+        }
+        appends.append((self._attempts, attempt))
 
-    def _eff_extend_lease(self, row, args, now, event):
+    def _eff_extend_lease(self, row, args, now, event, appends):
         row["lease_expires_at"] = now + args["lease_seconds"]
 
-    def _eff_write_descriptor(self, row, args, now, event):
-        row["descriptor"] = dict(args.get("descriptor") or {})
+    def _eff_write_descriptor(self, row, args, now, event, appends):
+        row["descriptor"] = copy.deepcopy(dict(args.get("descriptor") or {}))
 
-    def _eff_set_remote_id(self, row, args, now, event):
+    def _eff_set_remote_id(self, row, args, now, event, appends):
         row["remote_id"] = args["remote_id"]
 
-    def _eff_close_attempt(self, row, args, now, event):
+    def _eff_close_attempt(self, row, args, now, event, appends):
         if row["attempt_token"] is not None:
-            self._attempt_outcomes.append((next(self._seq), row["attempt_token"], event))
+            appends.append((self._attempt_outcomes, (next(self._seq), row["attempt_token"], event)))
         row["attempt_token"] = None
         row["lease_expires_at"] = None
 
-    def _eff_count_reconcile(self, row, args, now, event):
+    def _eff_count_reconcile(self, row, args, now, event, appends):
         row["reconcile_count"] += 1
-        self._reconciliations.append(
-            Reconciliation(next(self._seq), row["key"], args.get("result", "unknown"), args.get("remote_id"), now)
-        )
+        rec = Reconciliation(next(self._seq), row["key"], args.get("result", "unknown"), args.get("remote_id"), now)
+        appends.append((self._reconciliations, rec))
 
-    def _eff_bump_resend_epoch(self, row, args, now, event):
+    def _eff_bump_resend_epoch(self, row, args, now, event, appends):
         row["resend_epoch"] += 1
 
-    def _eff_grant_attempt(self, row, args, now, event):
+    def _eff_grant_attempt(self, row, args, now, event, appends):
         row["max_attempts"] = max(row["max_attempts"], row["attempt_count"] + 1)
 
     # -- history --------------------------------------------------------------------------
-    def _append_history(self, key, event, actor, from_state, row, args, now, token=None, gen=None):
-        detail = {k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")}
-        self._history.append(
-            HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
-        )
+    def _history_entry(self, key, event, actor, from_state, row, args, now, token=None, gen=None) -> HistoryEntry:
+        detail = copy.deepcopy({k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")})
+        return HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
+
+    @staticmethod
+    def _copy_entry(h: HistoryEntry) -> HistoryEntry:
+        return dataclasses.replace(h, detail=copy.deepcopy(dict(h.detail)))
 
     # -- reads ----------------------------------------------------------------------------
     @staticmethod
     def _intent(row: Mapping[str, Any]) -> Intent:
-        return Intent(**{k: row[k] for k in Intent.__dataclass_fields__})
+        """A snapshot the caller may change freely: nested values are copied."""
+        return Intent(**{k: copy.deepcopy(row[k]) for k in Intent.__dataclass_fields__})
 
     def get(self, key: str) -> Intent:
         it = self.find(key)
@@ -222,11 +234,13 @@ class MemoryStore(Operations):
         return it
 
     def find(self, key: str) -> Intent | None:
+        check_text("key", key, max_chars=256)
         with self._lock:
             row = self._rows.get(key)
             return None if row is None else self._intent(row)
 
     def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
+        check_limit(limit)
         with self._lock:
             rows = [r for r in self._rows.values() if state is None or r["state"] == state]
             rows.sort(key=lambda r: (r["created_at"], r["key"]))
@@ -241,7 +255,7 @@ class MemoryStore(Operations):
 
     def history(self, key: str) -> list[HistoryEntry]:
         with self._lock:
-            return [h for h in self._history if h.key == key]
+            return [self._copy_entry(h) for h in self._history if h.key == key]
 
     def attempts(self, key: str) -> list[Attempt]:
         with self._lock:

@@ -19,6 +19,7 @@ from .identity import (
     IdentityError,
     canonical_json,
     delivery_key,
+    load_canonical,
     request_digest,
 )
 
@@ -33,6 +34,9 @@ __all__ = [
     "Plan",
     "Reconciliation",
     "Submission",
+    "check_json_object",
+    "check_limit",
+    "check_text",
     "prepare_submission",
     "validate_lease_seconds",
 ]
@@ -148,22 +152,24 @@ class Submission:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _reject_datetimes(v: Any, path: str) -> None:
+def _reject_datetimes(v: Any, path: str, depth: int = 0) -> None:
+    if depth > 100:
+        raise IntakeError(f"{path}: nested deeper than 100 levels")
     if isinstance(v, _dt.datetime):
         if v.tzinfo is None or v.utcoffset() is None:
             raise IntakeError(f"{path}: naive datetime; give a timezone-aware one")
         raise IntakeError(f"{path}: datetimes are not JSON; send an ISO 8601 string")
     if isinstance(v, dict):
         for k, x in v.items():
-            _reject_datetimes(x, f"{path}.{k}")
+            _reject_datetimes(x, f"{path}.{k}", depth + 1)
     elif isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
-            _reject_datetimes(x, f"{path}[{i}]")
+            _reject_datetimes(x, f"{path}[{i}]", depth + 1)
 
 
 def _positive_int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise IntakeError(f"{name} must be a positive integer, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CAP:
+        raise IntakeError(f"{name} must be an integer from 1 to {MAX_CAP}, got {v!r}")
     return v
 
 
@@ -186,8 +192,7 @@ def prepare_submission(
     larger than ``max_payload_bytes`` (default 1 MiB); non-positive caps.
     """
     for name, v in (("account", account), ("action_kind", action_kind), ("target", target)):
-        if not isinstance(v, str) or not v.strip():
-            raise IntakeError(f"{name} must be a non-empty string, got {v!r}")
+        check_text(name, v, max_chars=1024)
     if not isinstance(request, Mapping):
         raise IntakeError(f"request must be a JSON object, got {type(request).__name__}")
     _reject_datetimes(request, "request")
@@ -198,23 +203,71 @@ def prepare_submission(
         raise IntakeError(str(exc)) from exc
     if len(raw) > max_payload_bytes:
         raise IntakeError(f"request is {len(raw)} bytes of canonical JSON; the limit is {max_payload_bytes}")
+    stored = load_canonical(raw)  # what every store keeps and returns: the canonical form, round-tripped
     return Submission(
         key=key,
         account=account,
         action_kind=action_kind,
         target=target,
-        request=dict(request),
+        request=stored,
         request_json=raw.decode("utf-8"),
-        request_digest=request_digest(dict(request)),
+        request_digest=request_digest(stored),
         max_attempts=_positive_int("max_attempts", max_attempts),
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
     )
 
 
+MAX_LEASE_SECONDS = 366 * 86_400.0
+MAX_TEXT_CHARS = 4096
+MAX_DETAIL_BYTES = 64 * 1024
+MAX_CAP = 10_000
+
+
 def validate_lease_seconds(name: str, seconds: Any) -> float:
-    """A lease length in seconds: finite and > 0, else :class:`IntakeError`."""
+    """A lease length in seconds: finite, > 0 and at most a year, else :class:`IntakeError`."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise IntakeError(f"{name} must be a number of seconds, got {seconds!r}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise IntakeError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
-    return float(seconds)
+    try:
+        value = float(seconds)
+    except OverflowError as exc:
+        raise IntakeError(f"{name} is too large") from exc
+    if not math.isfinite(value) or value <= 0 or value > MAX_LEASE_SECONDS:
+        raise IntakeError(f"{name} must be a positive, finite number of seconds up to {MAX_LEASE_SECONDS:.0f}")
+    return value
+
+
+def check_text(name: str, v: Any, *, allow_blank: bool = False, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """A string every store can persist: no NUL, no lone surrogate, at most ``max_chars``; else :class:`IntakeError`."""
+    if not isinstance(v, str):
+        raise IntakeError(f"{name} must be a string, got {type(v).__name__}")
+    if not allow_blank and not v.strip():
+        raise IntakeError(f"{name} must not be empty")
+    if len(v) > max_chars:
+        raise IntakeError(f"{name} is longer than {max_chars} characters")
+    if "\x00" in v:
+        raise IntakeError(f"{name} contains a NUL byte")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise IntakeError(f"{name} contains a lone surrogate") from exc
+    return v
+
+
+def check_json_object(name: str, v: Any, *, max_bytes: int = MAX_DETAIL_BYTES) -> dict[str, Any]:
+    """A JSON object with a canonical form (no NaN, no datetimes, string keys), at most ``max_bytes``."""
+    if not isinstance(v, Mapping):
+        raise IntakeError(f"{name} must be a JSON object, got {type(v).__name__}")
+    _reject_datetimes(v, name)
+    try:
+        raw = canonical_json(dict(v))
+    except IdentityError as exc:
+        raise IntakeError(f"{name}: {exc}") from exc
+    if len(raw) > max_bytes:
+        raise IntakeError(f"{name} is larger than {max_bytes} bytes")
+    return load_canonical(raw)
+
+
+def check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise IntakeError(f"limit must be a non-negative integer, got {limit!r}")
+    return limit

@@ -54,13 +54,16 @@ class SimulatedCrash(Exception):
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Lease lengths in seconds (store clock); ``retries_per_tick`` bounds how many failed
-    intents one sweeper tick re-queues, so raising a cap releases a backlog at a rate."""
+    intents one sweeper tick re-queues, so raising a cap releases a backlog at a rate;
+    ``reconcile_interval`` (seconds, store clock) spaces the lookups of one intent, so a
+    platform's read lag does not burn the reconcile budget in one burst."""
 
     lease_seconds: float = 30.0
     send_lease_seconds: float = 60.0
     retries_per_tick: int = 50
     sweep_batch: int = 100
     reconcile_batch: int = 50
+    reconcile_interval: float = 1.0
 
 
 def wire_request(intent: Intent) -> WireRequest:
@@ -236,8 +239,12 @@ class Reconciler:
     def run(self, limit: int | None = None) -> dict[str, int]:
         """Reconcile up to ``limit`` indeterminate intents; returns counts per outcome name."""
         out: dict[str, int] = {}
+        now = self.store.now()
         for state in self.store.table.states_of_kind("unknown"):
             for it in self.store.list_intents(state=state, limit=limit or self.config.reconcile_batch):
+                if now - it.updated_at < self.config.reconcile_interval:
+                    out["deferred"] = out.get("deferred", 0) + 1
+                    continue
                 try:
                     name = self.reconcile_one(it)
                 except Rejected:
@@ -295,5 +302,7 @@ class Worker(threading.Thread):
                 except SimulatedCrash as exc:
                     self.on_result(key, exc)
                     did = True
+                except Exception as exc:  # a store or platform failure: report it, keep the worker alive
+                    self.on_result(key, exc)
             if not did:
                 self.stop_event.wait(self.idle_sleep)

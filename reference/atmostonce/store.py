@@ -27,6 +27,8 @@ from .records import (
     Plan,
     Reconciliation,
     Submission,
+    check_json_object,
+    check_text,
     prepare_submission,
     validate_lease_seconds,
 )
@@ -36,23 +38,37 @@ __all__ = ["Operations", "Store"]
 
 
 def _need_text(name: str, v: Any) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise IntakeError(f"{name} must be a non-empty string, got {v!r}")
-    if "\x00" in v:
-        raise IntakeError(f"{name} contains a NUL byte")
+    return check_text(name, v)
+
+
+def _optional_text(name: str, v: Any) -> str | None:
+    return None if v is None else check_text(name, v)
+
+
+def _int(name: str, v: Any, optional: bool = False) -> int | None:
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not -(2**63) <= v < 2**63:
+        raise IntakeError(f"{name} must be a 64-bit integer, got {v!r}")
     return v
 
 
 def _lease_args(lease: Lease) -> dict[str, Any]:
     if not isinstance(lease, Lease):
         raise IntakeError(f"expected a Lease from begin(), got {type(lease).__name__}")
-    return {"attempt_token": lease.attempt_token, "generation": lease.generation}
+    return {
+        "attempt_token": check_text("attempt token", lease.attempt_token, max_chars=128),
+        "generation": _int("generation", lease.generation),
+    }
 
 
 def _plan_args(plan: Plan) -> dict[str, Any]:
     if not isinstance(plan, Plan):
         raise IntakeError(f"expected a Plan (Intent.plan), got {type(plan).__name__}")
-    return {"plan_generation": plan.generation, "plan_reconcile_count": plan.reconcile_count}
+    return {
+        "plan_generation": _int("plan generation", plan.generation, optional=True),
+        "plan_reconcile_count": _int("plan reconcile count", plan.reconcile_count),
+    }
 
 
 class Operations:
@@ -67,6 +83,10 @@ class Operations:
 
     def _create(self, sub: Submission) -> tuple[Intent, bool]:  # pragma: no cover
         raise NotImplementedError
+
+    def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
+        """Validate the key, then hand the move to the store's ``_apply``."""
+        return self._apply(event, check_text("key", key, max_chars=256), args)
 
     # -- intake ---------------------------------------------------------------------------
     def submit(
@@ -101,7 +121,7 @@ class Operations:
         The only creator of attempts. Raises ``Rejected`` (no_open_attempt, attempts_remaining, ...).
         """
         secs = validate_lease_seconds("lease_seconds", lease_seconds)
-        it = self._apply("begin", key, {"lease_seconds": secs})
+        it = self._move("begin", key, {"lease_seconds": secs})
         assert it.attempt_token is not None and it.generation is not None and it.lease_expires_at is not None
         return Lease(it.key, it.attempt_token, it.generation, it.lease_expires_at)
 
@@ -116,86 +136,95 @@ class Operations:
         """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends."""
         secs = validate_lease_seconds("send_lease_seconds", send_lease_seconds)
         args = _lease_args(lease) | {
-            "request_digest": request_digest,
+            "request_digest": check_text("request_digest", request_digest, max_chars=128),
             "lease_seconds": secs,
-            "descriptor": dict(descriptor or {}),
+            "descriptor": check_json_object("descriptor", descriptor or {}),
         }
-        return self._apply("authorize_dispatch", lease.key, args)
+        return self._move("authorize_dispatch", lease.key, args)
 
     def block_at_gate(self, lease: Lease, *, reason: str) -> Intent:
-        return self._apply("block_at_gate", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        return self._move("block_at_gate", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
 
     def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent:
         args = _lease_args(lease) | {
             "remote_id": _need_text("remote_id", remote_id),
             "response_digest": response_digest,
         }
-        return self._apply("record_success", lease.key, args)
+        return self._move("record_success", lease.key, args)
 
     def confirm_read_back(self, lease: Lease) -> Intent:
-        return self._apply("confirm_read_back", lease.key, _lease_args(lease))
+        return self._move("confirm_read_back", lease.key, _lease_args(lease))
 
     def read_back_failed(self, lease: Lease, *, reason: str) -> Intent:
-        return self._apply("read_back_failed", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        return self._move("read_back_failed", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
 
     def record_not_sent(self, lease: Lease, *, reason: str) -> Intent:
-        return self._apply("record_not_sent", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        return self._move("record_not_sent", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
 
     def record_unknown(self, lease: Lease, *, reason: str) -> Intent:
-        return self._apply("record_unknown", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        return self._move("record_unknown", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
 
     # -- sweeper --------------------------------------------------------------------------
     def expire_lease(self, intent: Intent) -> Intent:
         """Post-authorization lease expired: to ``indeterminate``; moves only the row as planned."""
-        return self._apply("expire_lease", intent.key, _stale_args(intent))
+        return self._move("expire_lease", intent.key, _stale_args(intent))
 
     def abandon_attempt(self, intent: Intent) -> Intent:
         """Pre-authorization lease expired: close the attempt as abandoned; intent stays ``pending``."""
-        return self._apply("abandon_attempt", intent.key, _stale_args(intent))
+        return self._move("abandon_attempt", intent.key, _stale_args(intent))
 
     # -- reconciler -----------------------------------------------------------------------
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:
         args = _plan_args(plan) | {"remote_id": _need_text("remote_id", remote_id), "result": "confirmed"}
-        return self._apply("reconcile_found", plan.key, args)
+        return self._move("reconcile_found", plan.key, args)
 
     def reconcile_not_found(self, plan: Plan) -> Intent:
-        return self._apply("reconcile_not_found", plan.key, _plan_args(plan) | {"result": "unknown"})
+        return self._move("reconcile_not_found", plan.key, _plan_args(plan) | {"result": "unknown"})
 
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
-        return self._apply("reconcile_absent", plan.key, _plan_args(plan) | {"fenced": fenced, "result": "failed"})
+        return self._move("reconcile_absent", plan.key, _plan_args(plan) | {"fenced": fenced, "result": "failed"})
 
     def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent:
         args = _plan_args(plan) | {"reason": _need_text("reason", reason), "result": "unknown"}
-        return self._apply("park_unreconcilable", plan.key, args)
+        return self._move("park_unreconcilable", plan.key, args)
 
     # -- retry policy ---------------------------------------------------------------------
     def retry(self, key: str) -> Intent:
         """``failed`` back to ``pending``; creates no attempt (the next ``begin`` does)."""
-        return self._apply("retry", key, {})
+        return self._move("retry", key, {})
 
     def exhaust(self, key: str) -> Intent:
         """Attempt cap reached: park instead of looping."""
-        return self._apply("exhaust", key, {})
+        return self._move("exhaust", key, {})
 
     # -- operator -------------------------------------------------------------------------
     def park(self, key: str, *, operator: str, reason: str = "operator stop") -> Intent:
-        return self._apply("park", key, {"operator": operator, "reason": reason})
+        return self._move("park", key, {"operator": _operator(operator), "reason": _need_text("reason", reason)})
 
     def resolve_published(self, key: str, *, operator: str, remote_id: str) -> Intent:
-        args = {"operator": operator, "remote_id": _need_text("remote_id", remote_id)}
-        return self._apply("resolve_published", key, args)
+        args = {"operator": _operator(operator), "remote_id": _need_text("remote_id", remote_id)}
+        return self._move("resolve_published", key, args)
 
     def resolve_not_sent(self, key: str, *, operator: str, reason: str = "operator: not sent") -> Intent:
-        return self._apply("resolve_not_sent", key, {"operator": operator, "reason": reason})
+        args = {"operator": _operator(operator), "reason": _need_text("reason", reason)}
+        return self._move("resolve_not_sent", key, args)
 
     def resend(self, key: str, *, operator: str) -> Intent:
-        return self._apply("resend", key, {"operator": operator})
+        return self._move("resend", key, {"operator": _operator(operator)})
+
+
+def _operator(v: Any) -> str:
+    """An operator name every store can persist; a blank one is left for the ``operator_identified`` guard."""
+    return check_text("operator", v, allow_blank=True, max_chars=256)
 
 
 def _stale_args(intent: Intent) -> dict[str, Any]:
     if not isinstance(intent, Intent):
         raise IntakeError(f"expected an Intent snapshot, got {type(intent).__name__}")
-    return {"attempt_token": intent.attempt_token, "generation": intent.generation}
+    return {
+        "attempt_token": None if intent.attempt_token is None else check_text("attempt token", intent.attempt_token),
+        "generation": _int("generation", intent.generation, optional=True),
+    }
 
 
 @runtime_checkable

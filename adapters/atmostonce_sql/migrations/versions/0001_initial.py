@@ -16,6 +16,12 @@ depends_on = None
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 SEQ = sa.BigInteger().with_variant(sa.Integer, "sqlite")
 APPEND_ONLY = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations")
+UNIQUE_COLUMNS = {
+    "aom_attempts": (("attempt_token",), ("generation",), ("key", "number")),
+    "aom_attempt_outcomes": (("seq",),),
+    "aom_history": (("seq",),),
+    "aom_reconciliations": (("seq",),),
+}
 
 
 def upgrade() -> None:
@@ -26,7 +32,7 @@ def upgrade() -> None:
         sa.Column("account", sa.Text, nullable=False),
         sa.Column("action_kind", sa.Text, nullable=False),
         sa.Column("target", sa.Text, nullable=False),
-        sa.Column("request", JSONType, nullable=False),
+        sa.Column("request", sa.Text, nullable=False),  # canonical JSON (RFC 8785) text
         sa.Column("request_digest", sa.Text, nullable=False),
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("prev_state", sa.Text, nullable=True),
@@ -131,6 +137,17 @@ def upgrade() -> None:
                     f"CREATE TRIGGER {t}_no_{what.lower()} BEFORE {what} ON {t} "
                     f"BEGIN SELECT RAISE(ABORT, 'atmostonce: {what} on append-only table {t} refused'); END"
                 )
+        # INSERT OR REPLACE deletes the old row without firing DELETE triggers: refuse any insert
+        # that would collide with an existing row on a unique column.
+        for t, cols in UNIQUE_COLUMNS.items():
+            clash = " OR ".join(
+                "EXISTS (SELECT 1 FROM {} WHERE {})".format(t, " AND ".join(f"{c} = NEW.{c}" for c in group))
+                for group in cols
+            )
+            op.execute(
+                f"CREATE TRIGGER {t}_no_replace BEFORE INSERT ON {t} WHEN {clash} "
+                f"BEGIN SELECT RAISE(ABORT, 'atmostonce: replacing a row of append-only table {t} refused'); END"
+            )
 
 
 def downgrade() -> None:
