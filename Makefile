@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(BIN)/pytest
 WORKERS ?= 2
 
-.PHONY: demo test quick lint spec-check docs docs-check soak bench mutation wheel-check clean
+.PHONY: demo test quick lint spec-check docs docs-check soak bench wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -44,6 +44,10 @@ docs-check: $(STAMP)
 ## longer stateful runs against the real databases
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(PYTEST) -q tests/test_store_differential.py
+
+## benchmark the PostgreSQL store against raw psycopg (fsync on); writes docs/performance.md
+bench: $(STAMP)
+	$(BIN)/python tests/bench/bench_store.py --write
 
 ## build the wheel, install it into a fresh virtual environment, load the table from there
 wheel-check: $(STAMP)

@@ -1,92 +1,97 @@
 """SQL fragments for the table's guard catalogue, one per guard name.
 
-Each fragment takes ``(c, args, now)``: ``c`` the intents table's columns,
-``args`` the caller's arguments, ``now`` the database-clock expression (seconds).
-The store ANDs the fragments of an event's guards into its conditional
-``UPDATE``; after zero rows it evaluates each one in a follow-up ``SELECT`` to
-name the guard that refused. A comparison against a missing argument is
-``false()``, never ``IS NULL`` (a NULL token must not match a NULL column).
+Each fragment takes ``(c, now)``: ``c`` the intents table's columns, ``now``
+the database-clock expression (seconds). What the caller presents (attempt
+token, generation, digest, plan, operator, fenced flag) enters as named bind
+parameters (:data:`PARAMS`, bound as ``p_<name>``), so one statement per event is built once, cached,
+and executed with the caller's values. The store ANDs the fragments of an
+event's guards into its conditional ``UPDATE``; after zero rows it evaluates
+each one in a follow-up ``SELECT`` to name the guard that refused. A NULL
+parameter never matches (``col = NULL`` is not true), so a missing token
+cannot match a row without one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-__all__ = ["SQL_GUARDS", "SqlGuard"]
+__all__ = ["PARAMS", "SQL_GUARDS", "SqlGuard"]
 
-SqlGuard = Callable[[Any, Mapping[str, Any], ColumnElement], ColumnElement]
+SqlGuard = Callable[[Any, ColumnElement], ColumnElement]
+
+PARAMS = {
+    "attempt_token": sa.Text(),
+    "generation": sa.BigInteger(),
+    "request_digest": sa.Text(),
+    "plan_generation": sa.BigInteger(),
+    "plan_reconcile_count": sa.Integer(),
+    "fenced": sa.Boolean(),
+    "operator": sa.Text(),
+}
 
 
-def _eq(col, value) -> ColumnElement:
-    return sa.false() if value is None else col == sa.bindparam(None, value, type_=col.type)
+def p(name: str) -> sa.BindParameter:
+    """The named parameter a guard compares against (its value comes from the caller's arguments)."""
+    return sa.bindparam(f"p_{name}", type_=PARAMS[name], required=False)
 
 
-def _flag(value: bool) -> ColumnElement:
-    return sa.true() if value else sa.false()
-
-
-def no_open_attempt(c, args, now):
+def no_open_attempt(c, now):
     return c.attempt_token.is_(None)
 
 
-def attempts_remaining(c, args, now):
+def attempts_remaining(c, now):
     return c.attempt_count < c.max_attempts
 
 
-def attempts_exhausted(c, args, now):
+def attempts_exhausted(c, now):
     return c.attempt_count >= c.max_attempts
 
 
-def lease_holder(c, args, now):
-    return sa.and_(
-        c.attempt_token.is_not(None),
-        _eq(c.attempt_token, args.get("attempt_token")),
-        _eq(c.generation, args.get("generation")),
-    )
+def lease_holder(c, now):
+    return sa.and_(c.attempt_token == p("attempt_token"), c.generation == p("generation"))
 
 
-def lease_live(c, args, now):
+def lease_live(c, now):
     return c.lease_expires_at > now
 
 
-def lease_expired(c, args, now):
+def lease_expired(c, now):
     return c.lease_expires_at <= now
 
 
-def request_digest_matches(c, args, now):
-    return _eq(c.request_digest, args.get("request_digest"))
+def request_digest_matches(c, now):
+    return c.request_digest == p("request_digest")
 
 
-def remote_id_known(c, args, now):
+def remote_id_known(c, now):
     return c.remote_id.is_not(None)
 
 
-def no_remote_object(c, args, now):
+def no_remote_object(c, now):
     return c.remote_id.is_(None)
 
 
-def plan_unchanged(c, args, now):
+def plan_unchanged(c, now):
     return sa.and_(
-        c.generation.is_not_distinct_from(sa.bindparam(None, args.get("plan_generation"), type_=c.generation.type)),
-        _eq(c.reconcile_count, args.get("plan_reconcile_count")),
+        c.generation.is_not_distinct_from(p("plan_generation")),
+        c.reconcile_count == p("plan_reconcile_count"),
     )
 
 
-def reconcile_budget_left(c, args, now):
+def reconcile_budget_left(c, now):
     return c.reconcile_count < c.max_reconciles
 
 
-def evidence_fenced(c, args, now):
-    return _flag(args.get("fenced") is True)
+def evidence_fenced(c, now):
+    return p("fenced").is_(sa.true())
 
 
-def operator_identified(c, args, now):
-    op = args.get("operator")
-    return _flag(isinstance(op, str) and op.strip() != "")
+def operator_identified(c, now):
+    return sa.func.length(sa.func.trim(p("operator"))) > 0
 
 
 SQL_GUARDS: dict[str, SqlGuard] = {

@@ -38,7 +38,7 @@ from atmostonce.store import Operations
 from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
-from .guards import SQL_GUARDS
+from .guards import PARAMS, SQL_GUARDS
 from .schema import attempt_outcomes, attempts, history, intents, reconciliations, sequences
 
 __all__ = ["SqlStore"]
@@ -72,6 +72,7 @@ class SqlStore(Operations):
         self._now = db_now(self.dialect)
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._disabled_guards: frozenset[str] = frozenset()
+        self._cache: dict[tuple[str, frozenset[str]], dict[str, Any]] = {}
 
     def close(self) -> None:
         self.engine.dispose()
@@ -100,9 +101,8 @@ class SqlStore(Operations):
         with self._tx() as conn:
             return float(conn.execute(sa.select(self._now)).scalar_one())
 
-    def _next_generation(self, conn: Connection) -> sa.ColumnElement | int:
-        if self.dialect == "postgresql":
-            return sa.func.nextval("aom_generation")
+    def _next_generation(self, conn: Connection) -> int:
+        """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction."""
         return conn.execute(
             sa.update(sequences)
             .where(sequences.c.name == "generation")
@@ -118,89 +118,100 @@ class SqlStore(Operations):
         return Intent(**d)
 
     # -- primitives -----------------------------------------------------------------------
-    def _create(self, sub: Submission) -> tuple[Intent, bool]:
+    _SUBMITTED = (
+        "key",
+        "account",
+        "action_kind",
+        "target",
+        "request",
+        "request_digest",
+        "max_attempts",
+        "max_reconciles",
+        "normalizer_version",
+    )
+
+    def _creation_statements(self) -> dict[str, Any]:
+        hit = self._cache.get(("<create>", frozenset()))
+        if hit is not None:
+            return hit
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:
             from sqlalchemy.dialects.sqlite import insert
-        values = {
-            "key": sub.key,
-            "account": sub.account,
-            "action_kind": sub.action_kind,
-            "target": sub.target,
-            "request": sub.request_json,
-            "request_digest": sub.request_digest,
+        c = intents.c
+        values: dict[str, Any] = {name: sa.bindparam(f"p_{name}", type_=c[name].type) for name in self._SUBMITTED}
+        values |= {
             "state": self.table.initial,
-            "prev_state": None,
             "attempt_count": 0,
-            "max_attempts": sub.max_attempts,
-            "attempt_token": None,
-            "prev_attempt_token": None,
-            "generation": None,
-            "lease_expires_at": None,
-            "remote_id": None,
             "reconcile_count": 0,
-            "max_reconciles": sub.max_reconciles,
             "resend_epoch": 0,
-            "descriptor": None,
-            "normalizer_version": sub.normalizer_version,
             "created_at": self._now,
             "updated_at": self._now,
         }
+        ins = insert(intents).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(*intents.c)
+        creator = next(e for e in self.table.events.values() if e.creates)
+        existing = sa.select(intents).where(c.key == sa.bindparam("p_key"))
+        if self.dialect == "postgresql":  # insert and history in one statement, one round trip
+            new = ins.cte("u")
+            out = {"one": sa.select(*new.c).add_cte(self._history_insert(creator, new, opens=False).cte("h"))}
+        else:
+            src = sa.select(intents).where(c.key == sa.bindparam("p_key")).subquery("u")
+            out = {"insert": ins, "history": self._history_insert(creator, src, opens=False)}
+        out |= {"existing": existing, "creator": creator}
+        self._cache[("<create>", frozenset())] = out
+        return out
+
+    def _create(self, sub: Submission) -> tuple[Intent, bool]:
+        stmts = self._creation_statements()
+        params = {f"p_{name}": getattr(sub, name) for name in self._SUBMITTED if name != "request"}
+        params |= {
+            "p_request": sub.request_json,
+            "p_actor": stmts["creator"].actor,
+            "p_detail": {},
+            "p_generation": None,
+        }
+        if self.dialect == "postgresql":
+            with self._tx(autocommit=True) as conn:
+                row = conn.execute(stmts["one"], params).mappings().first()
+                if row is None:
+                    return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
+                return self._intent(row), True
         with self._tx() as conn:
-            row = (
-                conn.execute(
-                    insert(intents)
-                    .values(**values)
-                    .on_conflict_do_nothing(index_elements=["key"])
-                    .returning(*intents.c)
-                )
-                .mappings()
-                .first()
-            )
+            row = conn.execute(stmts["insert"], params).mappings().first()
             if row is None:
-                existing = conn.execute(sa.select(intents).where(intents.c.key == sub.key)).mappings().one()
-                return self._intent(existing), False
-            creator = next(e for e in self.table.events.values() if e.creates)
-            src = sa.select(intents).where(intents.c.key == sub.key).subquery("u")
-            conn.execute(self._history_insert(creator, {}, src, opens=False))
+                return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
+            conn.execute(stmts["history"], params)
             return self._intent(row), True
 
-    def _where(self, ev, key: str, args: Mapping[str, Any]) -> list[sa.ColumnElement]:
+    # -- statements: built once per event (and set of ablated guards), executed with parameters --
+    def _params(self, ev, key: str, args: Mapping[str, Any], conn: Connection) -> dict[str, Any]:
+        params: dict[str, Any] = {name: args.get(name) for name in PARAMS}
+        params["fenced"] = args.get("fenced") is True
+        params.update(
+            key=key,
+            lease_seconds=float(args.get("lease_seconds") or 0.0),
+            descriptor=dict(args.get("descriptor") or {}),
+            remote_id=args.get("remote_id"),
+            result=args.get("result", "unknown"),
+            actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
+            detail={k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
+        )
+        if "open_attempt" in ev.effects:
+            params["new_token"] = attempt_token()
+            if self.dialect != "postgresql":
+                params["new_generation"] = self._next_generation(conn)
+        return {f"p_{k}": v for k, v in params.items()}
+
+    def _statements(self, ev) -> dict[str, Any]:
+        """Cached statements for ``ev``: the gate (``update``), the appends, the diagnosis, and on
+        PostgreSQL all of it as one statement (``one``)."""
+        cache_key = (ev.name, self._disabled_guards)
+        hit = self._cache.get(cache_key)
+        if hit is not None:
+            return hit
         c = intents.c
-        clauses = [c.key == key, c.state.in_(list(ev.sources))]
-        for g in ev.guards:
-            if g not in self._disabled_guards:
-                clauses.append(SQL_GUARDS[g](c, args, self._now))
-        return clauses
-
-    def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
-        ev = self.table.event(event)
-        if self.dialect == "postgresql":
-            return self._apply_one_statement(ev, key, args)
-        with self._tx() as conn:
-            row = conn.execute(self._update(conn, ev, key, args)).mappings().first()
-            if row is None:
-                raise self._diagnose(conn, ev, key, args)  # the transaction rolls back
-            src = sa.select(intents).where(intents.c.key == key).subquery("u")
-            for stmt in self._appends(ev, args, src):
-                conn.execute(stmt)
-            return self._intent(row)
-
-    def _apply_one_statement(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
-        """PostgreSQL: the conditional UPDATE and every append in one statement (data-modifying CTEs),
-        sent in autocommit mode: one round trip per accepted transition."""
-        with self._tx(autocommit=True) as conn:
-            upd = self._update(conn, ev, key, args).cte("u")
-            appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self._appends(ev, args, upd))]
-            row = conn.execute(sa.select(*upd.c).add_cte(*appends)).mappings().first()
-            if row is None:
-                raise self._diagnose(conn, ev, key, args)
-            return self._intent(row)
-
-    def _update(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> sa.Update:
-        """The gate: ``UPDATE ... WHERE key AND state IN (sources) AND guards RETURNING *``."""
-        c = intents.c
+        where = [c.key == sa.bindparam("p_key"), c.state.in_(list(ev.sources))]
+        where += [SQL_GUARDS[g](c, self._now) for g in ev.guards if g not in self._disabled_guards]
         values: dict[str, Any] = {
             "state": ev.target,
             "prev_state": c.state,
@@ -208,10 +219,45 @@ class SqlStore(Operations):
             "updated_at": self._now,
         }
         for eff in ev.effects:
-            values.update(self._effect_values(conn, eff, args))
-        return sa.update(intents).where(*self._where(ev, key, args)).values(**values).returning(*intents.c)
+            values.update(self._effect_values(eff))
+        update = sa.update(intents).where(*where).values(**values).returning(*intents.c)
+        diagnose = sa.select(
+            c.state,
+            *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)],
+        ).where(c.key == sa.bindparam("p_key"))
+        out: dict[str, Any] = {"update": update, "diagnose": diagnose}
+        if self.dialect == "postgresql":
+            upd = update.cte("u")
+            appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self._appends(ev, upd))]
+            out["one"] = sa.select(*upd.c).add_cte(*appends)
+        else:
+            src = sa.select(intents).where(intents.c.key == sa.bindparam("p_key")).subquery("u")
+            out["appends"] = self._appends(ev, src)
+        self._cache[cache_key] = out
+        return out
 
-    def _appends(self, ev, args: Mapping[str, Any], src) -> list[sa.Insert]:
+    def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
+        ev = self.table.event(event)
+        stmts = self._statements(ev)
+        if self.dialect == "postgresql":
+            # the conditional UPDATE and every append in one statement (data-modifying CTEs), sent in
+            # autocommit mode: one round trip per accepted transition
+            with self._tx(autocommit=True) as conn:
+                params = self._params(ev, key, args, conn)
+                row = conn.execute(stmts["one"], params).mappings().first()
+                if row is None:
+                    raise self._diagnose(conn, ev, key, params)
+                return self._intent(row)
+        with self._tx() as conn:
+            params = self._params(ev, key, args, conn)
+            row = conn.execute(stmts["update"], params).mappings().first()
+            if row is None:
+                raise self._diagnose(conn, ev, key, params)  # the transaction rolls back
+            for stmt in stmts["appends"]:
+                conn.execute(stmt, params)
+            return self._intent(row)
+
+    def _appends(self, ev, src) -> list[sa.Insert]:
         """The append-only rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``."""
         u = src.c
         out: list[sa.Insert] = []
@@ -238,55 +284,58 @@ class SqlStore(Operations):
                     ["key", "result", "remote_id", "recorded_at"],
                     sa.select(
                         u.key,
-                        sa.literal(args.get("result", "unknown"), sa.Text),
-                        sa.literal(args.get("remote_id"), sa.Text),
+                        sa.bindparam("p_result", type_=sa.Text),
+                        sa.bindparam("p_remote_id", type_=sa.Text),
                         self._now,
                     ),
                 )
             )
-        out.append(self._history_insert(ev, args, src, opens))
+        out.append(self._history_insert(ev, src, opens))
         return out
 
-    def _history_insert(self, ev, args: Mapping[str, Any], src, opens: bool) -> sa.Insert:
+    def _history_insert(self, ev, src, opens: bool) -> sa.Insert:
         u = src.c
-        actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
-        detail = {k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")}
         if opens or ev.creates:
             token, gen = u.attempt_token, u.generation
         else:
             token = u.prev_attempt_token
-            gen = sa.literal(args["generation"], sa.BigInteger) if args.get("generation") is not None else u.generation
+            gen = sa.func.coalesce(sa.bindparam("p_generation", type_=sa.BigInteger), u.generation)
         return sa.insert(history).from_select(
             ["key", "event", "actor", "from_state", "to_state", "attempt_token", "generation", "detail", "recorded_at"],
             sa.select(
                 u.key,
                 sa.literal(ev.name, sa.Text),
-                sa.literal(actor, sa.Text),
+                sa.bindparam("p_actor", type_=sa.Text),
                 sa.null() if ev.creates else u.prev_state,
                 u.state,
                 token,
                 gen,
-                sa.literal(detail, history.c.detail.type),
+                sa.bindparam("p_detail", type_=history.c.detail.type),
                 self._now,
             ),
         )
 
-    def _effect_values(self, conn: Connection, eff: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    def _effect_values(self, eff: str) -> dict[str, Any]:
         c = intents.c
         if eff == "open_attempt":
+            generation = (
+                sa.func.nextval("aom_generation")
+                if self.dialect == "postgresql"
+                else sa.bindparam("p_new_generation", type_=sa.BigInteger)
+            )
             return {
                 "attempt_count": c.attempt_count + 1,
-                "attempt_token": attempt_token(),
-                "generation": self._next_generation(conn),
-                "lease_expires_at": self._now + float(args["lease_seconds"]),
+                "attempt_token": sa.bindparam("p_new_token", type_=sa.Text),
+                "generation": generation,
+                "lease_expires_at": self._now + sa.bindparam("p_lease_seconds", type_=sa.Float(53)),
                 "remote_id": None,
             }
         if eff == "extend_lease":
-            return {"lease_expires_at": self._now + float(args["lease_seconds"])}
+            return {"lease_expires_at": self._now + sa.bindparam("p_lease_seconds", type_=sa.Float(53))}
         if eff == "write_descriptor":
-            return {"descriptor": dict(args.get("descriptor") or {})}
+            return {"descriptor": sa.bindparam("p_descriptor", type_=intents.c.descriptor.type)}
         if eff == "set_remote_id":
-            return {"remote_id": args["remote_id"]}
+            return {"remote_id": sa.bindparam("p_remote_id", type_=sa.Text)}
         if eff == "close_attempt":
             return {"attempt_token": None, "lease_expires_at": None}
         if eff == "count_reconcile":
@@ -299,12 +348,8 @@ class SqlStore(Operations):
             }
         raise StoreError(f"effect {eff!r} has no SQL implementation")
 
-    def _diagnose(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> Rejected:
-        c = intents.c
-        cols = [c.state] + [
-            sa.case((SQL_GUARDS[g](c, args, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)
-        ]
-        row = conn.execute(sa.select(*cols).where(c.key == key)).first()
+    def _diagnose(self, conn: Connection, ev, key: str, params: Mapping[str, Any]) -> Rejected:
+        row = conn.execute(self._statements(ev)["diagnose"], params).first()
         if row is None:
             return UnknownIntent(ev.name, key, "intent_exists", None)
         if row[0] not in ev.sources:

@@ -1,0 +1,170 @@
+"""Table-driven classification of one Matrix send, from ``spec/matrix_outcomes.toml``.
+
+The file extends the format of ``spec/http_outcomes.toml`` (whose ``[errors]``
+and ``[[statuses]]`` rows are parsed and checked by
+:func:`atmostonce_http.classify.parse_outcome_table`, so the failure kinds and
+their checks are shared) with two sections:
+
+* ``[local]``: refusals decided by the transport before any byte leaves
+  (:data:`LOCAL_KINDS`); each must be ``not_sent``.
+* ``[[errcodes]]``: rows matching a non-2xx answer by its Matrix ``errcode``
+  and HTTP status, consulted before ``[[statuses]]``. A ``not_sent`` row must
+  list its statuses, all 4xx.
+
+:meth:`MatrixOutcomeTable.for_response` takes the status, the errcode (or
+``None``) and whether a usable event id came back; :meth:`for_error` an
+exception kind from :func:`atmostonce_http.classify.error_kind`;
+:meth:`for_local` a local refusal. Each returns a
+:class:`atmostonce_http.classify.Classification` whose ``row`` names the row
+(``errcode:M_LIMIT_EXCEEDED``, ``status:500-599``, ``error:read_timeout``,
+``local:outside_resend_window``).
+
+Errors: :class:`atmostonce_http.classify.OutcomeTableError` for a missing or
+inconsistent file.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from atmostonce_http.classify import (
+    OUTCOMES,
+    Classification,
+    OutcomeTable,
+    OutcomeTableError,
+    error_kind,
+    parse_outcome_table,
+)
+
+__all__ = [
+    "LOCAL_KINDS",
+    "ErrcodeRow",
+    "MatrixOutcomeTable",
+    "error_kind",
+    "load_matrix_outcomes",
+    "matrix_outcome_table",
+    "matrix_outcomes_path",
+    "parse_matrix_outcomes",
+]
+
+LOCAL_KINDS = ("outside_resend_window", "journal_unwritable", "not_logged_in")
+"""Refusals the transport decides before any byte leaves; the table must have exactly these ``[local]`` rows."""
+
+
+@dataclass(frozen=True)
+class ErrcodeRow:
+    """Matches a non-2xx answer whose body's ``errcode`` equals ``errcode`` and whose status is in ``statuses``."""
+
+    errcode: str
+    outcome: str
+    rule: str
+    statuses: tuple[int, ...]
+
+    def matches(self, status: int, errcode: str | None) -> bool:
+        return errcode == self.errcode and status in self.statuses
+
+
+@dataclass(frozen=True)
+class MatrixOutcomeTable:
+    """The loaded Matrix table: the shared HTTP part, the errcode rows, and the local refusals."""
+
+    http: OutcomeTable
+    errcodes: tuple[ErrcodeRow, ...]
+    local: Mapping[str, tuple[str, str]]
+
+    def for_error(self, kind: str) -> Classification:
+        """Row for a failure kind (:data:`atmostonce_http.classify.ERROR_KINDS`)."""
+        return self.http.for_error(kind)
+
+    def for_local(self, kind: str) -> Classification:
+        """Row for a local refusal in :data:`LOCAL_KINDS`. Raises ``KeyError`` for another kind."""
+        outcome, rule = self.local[kind]
+        return Classification(outcome, f"local:{kind}", rule)
+
+    def for_response(self, status: int, errcode: str | None, *, has_id: bool) -> Classification:
+        """Row for an answer: errcode rows first (non-2xx only), then the status rows."""
+        if not 200 <= status <= 299:
+            for row in self.errcodes:
+                if row.matches(status, errcode):
+                    return Classification(row.outcome, f"errcode:{row.errcode}", row.rule)
+        return self.http.for_status(status, has_id=has_id, may_exist_statuses=())
+
+
+def matrix_outcomes_path() -> Path:
+    """Where ``matrix_outcomes.toml`` is: beside ``table.toml`` (the wheel's ``_spec`` or the repo's ``spec/``)."""
+    from atmostonce.table import TableError, spec_dir
+
+    try:
+        return spec_dir() / "matrix_outcomes.toml"
+    except TableError as exc:
+        raise OutcomeTableError(str(exc)) from exc
+
+
+def _errcode_row(raw: Any, i: int) -> ErrcodeRow:
+    where = f"errcodes[{i}]"
+    if not isinstance(raw, dict):
+        raise OutcomeTableError(f"{where}: must be a table")
+    unknown = set(raw) - {"errcode", "statuses", "outcome", "rule"}
+    if unknown:
+        raise OutcomeTableError(f"{where}: unknown fields {sorted(unknown)}")
+    errcode = raw.get("errcode")
+    if not isinstance(errcode, str) or not errcode.startswith("M_"):
+        raise OutcomeTableError(f"{where}: errcode must be a Matrix error code such as 'M_FORBIDDEN'")
+    outcome = raw.get("outcome")
+    if outcome not in OUTCOMES or outcome == "success":
+        raise OutcomeTableError(f"{where}: outcome must be not_sent or unknown, got {outcome!r}")
+    statuses = raw.get("statuses")
+    if not isinstance(statuses, list) or not statuses or not all(isinstance(s, int) for s in statuses):
+        raise OutcomeTableError(f"{where}: statuses must be a non-empty list of integers")
+    if any(s < 300 for s in statuses):
+        raise OutcomeTableError(f"{where}: an errcode row cannot match a 1xx or 2xx status")
+    if outcome == "not_sent" and any(not 400 <= s <= 499 for s in statuses):
+        raise OutcomeTableError(f"{where}: a not_sent errcode row may only match 4xx statuses (a 5xx is no proof)")
+    return ErrcodeRow(errcode, outcome, str(raw.get("rule", "")), tuple(statuses))
+
+
+def parse_matrix_outcomes(raw: Mapping[str, Any]) -> MatrixOutcomeTable:
+    """Validate parsed TOML and build a :class:`MatrixOutcomeTable`. Raises ``OutcomeTableError``."""
+    unknown = set(raw) - {"format", "default", "errors", "statuses", "errcodes", "local"}
+    if unknown:
+        raise OutcomeTableError(f"unknown top-level keys {sorted(unknown)}")
+    http = parse_outcome_table(raw)
+    if any(row.may_exist for row in http.statuses):
+        raise OutcomeTableError("a Matrix table has no may_exist row: a homeserver answers a duplicate txnId with 200")
+    local_raw = raw.get("local")
+    if not isinstance(local_raw, dict) or set(local_raw) != set(LOCAL_KINDS):
+        raise OutcomeTableError(f"[local] rows must be exactly {LOCAL_KINDS}")
+    local: dict[str, tuple[str, str]] = {}
+    for kind, row in local_raw.items():
+        if not isinstance(row, dict) or row.get("outcome") != "not_sent":
+            raise OutcomeTableError(f"local.{kind}: a refusal before any byte is not_sent")
+        local[kind] = ("not_sent", str(row.get("rule", "")))
+    errcodes_raw = raw.get("errcodes", [])
+    if not isinstance(errcodes_raw, list):
+        raise OutcomeTableError("[[errcodes]] must be an array of tables")
+    errcodes = tuple(_errcode_row(r, i) for i, r in enumerate(errcodes_raw))
+    return MatrixOutcomeTable(http, errcodes, MappingProxyType(local))
+
+
+def load_matrix_outcomes(path: str | Path | None = None) -> MatrixOutcomeTable:
+    """Read and validate the table at ``path`` (default :func:`matrix_outcomes_path`)."""
+    p = Path(path) if path is not None else matrix_outcomes_path()
+    try:
+        raw = tomllib.loads(p.read_text("utf-8"))
+    except FileNotFoundError as exc:
+        raise OutcomeTableError(f"{p} not found") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise OutcomeTableError(f"{p} is not valid TOML: {exc}") from exc
+    return parse_matrix_outcomes(raw)
+
+
+@functools.cache
+def matrix_outcome_table() -> MatrixOutcomeTable:
+    """The shipped table, loaded once."""
+    return load_matrix_outcomes()
