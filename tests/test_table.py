@@ -80,7 +80,8 @@ def test_every_outcome_maps_to_exactly_one_declared_state():
     t = table()
     for o in t.outcomes.values():
         assert o.state in t.states
-        assert t.events[o.event].target == o.state
+        if o.event is not None:  # an outcome that records a move lands where its event lands
+            assert t.events[o.event].target == o.state
 
 
 def test_only_machine_edge_into_pending_is_retry_from_failed():

@@ -19,6 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
+from .schema import contracts, credentials, kill_switches, meta, text_claims
+
 __all__ = ["PARAMS", "SQL_GUARDS", "SqlGuard"]
 
 SqlGuard = Callable[[Any, ColumnElement], ColumnElement]
@@ -31,6 +33,11 @@ PARAMS = {
     "plan_reconcile_count": sa.Integer(),
     "fenced": sa.Boolean(),
     "operator": sa.Text(),
+    "epoch": sa.BigInteger(),
+    "credential_version": sa.Text(),
+    "platform": sa.Text(),
+    "contract_version": sa.Text(),
+    "text_window": sa.Float(53),
 }
 
 
@@ -71,6 +78,38 @@ def remote_id_known(c, now):
     return c.remote_id.is_not(None)
 
 
+def restore_epoch_current(c, now):
+    current = sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery()
+    return sa.and_(c.epoch == p("epoch"), p("epoch") == current)
+
+
+def kill_switch_off(c, now):
+    k = kill_switches.c
+    return ~sa.exists().where(k.engaged, sa.or_(k.scope == "global", k.scope == sa.literal("account:") + c.account))
+
+
+def credential_current(c, now):
+    cr = credentials.c
+    return ~sa.exists().where(cr.account == c.account, cr.version.is_distinct_from(p("credential_version")))
+
+
+def contract_supported(c, now):
+    ct = contracts.c
+    return ~sa.exists().where(ct.platform == p("platform"), ct.version.is_distinct_from(p("contract_version")))
+
+
+def text_window_clear(c, now):
+    t = text_claims.c
+    clash = sa.exists().where(
+        t.account == c.account,
+        t.text_hash == c.text_hash,
+        sa.not_(t.released),
+        t.start_at < now + p("text_window"),
+        t.end_at > now,
+    )
+    return sa.or_(c.text_hash.is_(None), ~clash)
+
+
 def no_remote_object(c, now):
     return c.remote_id.is_(None)
 
@@ -105,6 +144,11 @@ SQL_GUARDS: dict[str, SqlGuard] = {
         lease_expired,
         request_digest_matches,
         remote_id_known,
+        restore_epoch_current,
+        kill_switch_off,
+        credential_current,
+        contract_supported,
+        text_window_clear,
         no_remote_object,
         plan_unchanged,
         reconcile_budget_left,

@@ -11,6 +11,11 @@ from sqlalchemy.dialects import postgresql
 
 __all__ = [
     "APPEND_ONLY_TABLES",
+    "contracts",
+    "credentials",
+    "kill_switches",
+    "meta",
+    "text_claims",
     "attempt_outcomes",
     "attempts",
     "history",
@@ -49,6 +54,8 @@ intents = sa.Table(
     sa.Column("normalizer_version", sa.Integer, nullable=False),
     sa.Column("created_at", sa.Float(53), nullable=False),
     sa.Column("updated_at", sa.Float(53), nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=True),
+    sa.Column("text_hash", sa.Text, nullable=True),
     sa.Index(
         "aom_intents_lease_due",
         "lease_expires_at",
@@ -118,6 +125,51 @@ sequences = sa.Table(
     metadata,
     sa.Column("name", sa.Text, primary_key=True),
     sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+# Durable store facts: the restore epoch (bumped by `atmostonce db declare-restore`).
+meta = sa.Table(
+    "aom_meta",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+)
+
+# The policy layer every path reads (seed 004 M2): kill switches, credential and contract versions.
+kill_switches = sa.Table(
+    "aom_kill_switches",
+    metadata,
+    sa.Column("scope", sa.Text, primary_key=True),  # "global" or "account:<id>"
+    sa.Column("engaged", sa.Boolean, nullable=False),
+)
+credentials = sa.Table(
+    "aom_credentials",
+    metadata,
+    sa.Column("account", sa.Text, primary_key=True),
+    sa.Column("version", sa.Text, nullable=False),
+)
+contracts = sa.Table(
+    "aom_contracts",
+    metadata,
+    sa.Column("platform", sa.Text, primary_key=True),
+    sa.Column("version", sa.Text, nullable=False),
+)
+
+# Duplicate-text window (seed 004 M6): one row per authorized send of a text; PostgreSQL adds an
+# exclusion constraint over (account, text_hash, [start_at, end_at)) for unreleased rows, SQLite a trigger.
+text_claims = sa.Table(
+    "aom_text_claims",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+    sa.Column("account", sa.Text, nullable=False),
+    sa.Column("text_hash", sa.Text, nullable=False),
+    sa.Column("start_at", sa.Float(53), nullable=False),
+    sa.Column("end_at", sa.Float(53), nullable=False),
+    sa.Column("released", sa.Boolean, nullable=False),
+    sa.Index("aom_text_claims_lookup", "account", "text_hash"),
+    sa.Index("aom_text_claims_key", "key"),
+    sqlite_autoincrement=True,
 )
 
 APPEND_ONLY_TABLES = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations")

@@ -39,11 +39,34 @@ from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
 from .guards import PARAMS, SQL_GUARDS
-from .schema import attempt_outcomes, attempts, history, intents, reconciliations, sequences
+from .schema import (
+    attempt_outcomes,
+    attempts,
+    contracts,
+    credentials,
+    history,
+    intents,
+    kill_switches,
+    meta,
+    reconciliations,
+    sequences,
+    text_claims,
+)
 
 __all__ = ["SqlStore"]
 
-_HISTORY_DETAIL = ("reason", "remote_id", "response_digest", "operator", "fenced", "result", "descriptor")
+_HISTORY_DETAIL = (
+    "reason",
+    "remote_id",
+    "response_digest",
+    "operator",
+    "fenced",
+    "result",
+    "descriptor",
+    "credential_version",
+    "platform",
+    "contract_version",
+)
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
 
 
@@ -61,8 +84,16 @@ class SqlStore(Operations):
     operation checks a connection out of the engine's pool.
     """
 
-    def __init__(self, engine: Engine, table: Table | None = None, *, max_payload_bytes: int | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table | None = None,
+        *,
+        max_payload_bytes: int | None = None,
+        text_window_seconds: float = 86_400.0,
+    ):
         self.engine = engine
+        self.text_window_seconds = float(text_window_seconds)
         self.dialect = engine.dialect.name
         if self.dialect not in ("postgresql", "sqlite"):
             raise StoreError(f"unsupported dialect {self.dialect!r}")
@@ -195,6 +226,7 @@ class SqlStore(Operations):
             result=args.get("result", "unknown"),
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
             detail={k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
+            text_window=self.text_window_seconds,
         )
         if "open_attempt" in ev.effects:
             params["new_token"] = attempt_token()
@@ -238,6 +270,16 @@ class SqlStore(Operations):
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
         ev = self.table.event(event)
+        try:
+            return self._apply_statements(ev, key, args)
+        except StoreError as exc:
+            if "aom_text_claims_window" in str(exc):  # a concurrent claim won the race for this text
+                raise GuardRefused(
+                    ev.name, key, "text_window_clear", None, "refused by the database exclusion"
+                ) from exc
+            raise
+
+    def _apply_statements(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
         stmts = self._statements(ev)
         if self.dialect == "postgresql":
             # the conditional UPDATE and every append in one statement (data-modifying CTEs), sent in
@@ -257,10 +299,10 @@ class SqlStore(Operations):
                 conn.execute(stmt, params)
             return self._intent(row)
 
-    def _appends(self, ev, src) -> list[sa.Insert]:
+    def _appends(self, ev, src) -> list[sa.Insert | sa.Update]:
         """The append-only rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``."""
         u = src.c
-        out: list[sa.Insert] = []
+        out: list[sa.Insert | sa.Update] = []
         opens = "open_attempt" in ev.effects
         if opens:
             out.append(
@@ -269,7 +311,7 @@ class SqlStore(Operations):
                     sa.select(u.attempt_token, u.key, u.attempt_count, u.generation, u.request_digest, self._now),
                 )
             )
-        if "close_attempt" in ev.effects:
+        if "close_attempt" in ev.effects or "fence_restore" in ev.effects:
             out.append(
                 sa.insert(attempt_outcomes).from_select(
                     ["attempt_token", "outcome", "recorded_at"],
@@ -289,6 +331,26 @@ class SqlStore(Operations):
                         self._now,
                     ),
                 )
+            )
+        if "claim_text_slot" in ev.effects:
+            out.append(
+                sa.insert(text_claims).from_select(
+                    ["key", "account", "text_hash", "start_at", "end_at", "released"],
+                    sa.select(
+                        u.key,
+                        u.account,
+                        u.text_hash,
+                        self._now,
+                        self._now + sa.bindparam("p_text_window", type_=sa.Float(53)),
+                        sa.false(),
+                    ).where(u.text_hash.is_not(None)),
+                )
+            )
+        if "release_text_slot" in ev.effects:
+            out.append(
+                sa.update(text_claims)
+                .where(text_claims.c.key == sa.select(u.key).scalar_subquery(), sa.not_(text_claims.c.released))
+                .values(released=True)
             )
         out.append(self._history_insert(ev, src, opens))
         return out
@@ -329,6 +391,7 @@ class SqlStore(Operations):
                 "generation": generation,
                 "lease_expires_at": self._now + sa.bindparam("p_lease_seconds", type_=sa.Float(53)),
                 "remote_id": None,
+                "epoch": sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery(),
             }
         if eff == "extend_lease":
             return {"lease_expires_at": self._now + sa.bindparam("p_lease_seconds", type_=sa.Float(53))}
@@ -336,8 +399,10 @@ class SqlStore(Operations):
             return {"descriptor": sa.bindparam("p_descriptor", type_=intents.c.descriptor.type)}
         if eff == "set_remote_id":
             return {"remote_id": sa.bindparam("p_remote_id", type_=sa.Text)}
-        if eff == "close_attempt":
+        if eff in ("close_attempt", "fence_restore"):
             return {"attempt_token": None, "lease_expires_at": None}
+        if eff in ("claim_text_slot", "release_text_slot"):
+            return {}  # rows of aom_text_claims, written beside the move (see _appends)
         if eff == "count_reconcile":
             return {"reconcile_count": c.reconcile_count + 1}
         if eff == "bump_resend_epoch":
@@ -358,6 +423,41 @@ class SqlStore(Operations):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
         return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
+
+    # -- policy layer and restores --------------------------------------------------------
+    _POLICY = {
+        "kill_switches": (kill_switches, "scope", "engaged"),
+        "credentials": (credentials, "account", "version"),
+        "contracts": (contracts, "platform", "version"),
+    }
+
+    def _write_policy(self, kind: str, name: str, value: Any) -> None:
+        table, key_col, val_col = self._POLICY[kind]
+        with self._tx() as conn:
+            conn.execute(sa.delete(table).where(table.c[key_col] == name))
+            if value is not None and value is not False:
+                conn.execute(sa.insert(table).values({key_col: name, val_col: value}))
+
+    def _bump_epoch(self) -> int:
+        with self._tx() as conn:
+            return int(
+                conn.execute(
+                    sa.update(meta)
+                    .where(meta.c.name == "restore_epoch")
+                    .values(value=meta.c.value + 1)
+                    .returning(meta.c.value)
+                ).scalar_one()
+            )
+
+    def current_epoch(self) -> int:
+        with self._tx() as conn:
+            return int(conn.execute(sa.select(meta.c.value).where(meta.c.name == "restore_epoch")).scalar_one())
+
+    def kill_switch_engaged(self, account: str) -> bool:
+        k = kill_switches.c
+        q = sa.select(sa.exists().where(k.engaged, sa.or_(k.scope == "global", k.scope == f"account:{account}")))
+        with self._tx() as conn:
+            return bool(conn.execute(q).scalar_one())
 
     # -- reads ----------------------------------------------------------------------------
     def find(self, key: str) -> Intent | None:

@@ -49,11 +49,13 @@ def catalogue_used(t: Table) -> list[str]:
 
 
 def outcomes_map_to_states(t: Table) -> list[str]:
-    """Every outcome names a declared event and exactly the state that event lands in."""
+    """Every outcome names a declared state; one that records a move names the event, which lands there."""
     out = []
     for o in t.outcomes.values():
         if o.state not in t.states:
             out.append(f"outcome {o.name}: state {o.state!r} is not declared")
+        if o.event is None:
+            continue  # moves nothing: the intent stays in o.state
         ev = t.events.get(o.event)
         if ev is None:
             out.append(f"outcome {o.name}: event {o.event!r} is not declared")

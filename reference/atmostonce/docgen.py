@@ -105,7 +105,10 @@ def render_state_machine(t: Table | None = None) -> str:
         "Every outcome the runtime, transports and operators can produce, and the one state it lands in.",
         _md_table(
             ["outcome", "recorded by", "lands in", "meaning"],
-            [[f"`{o.name}`", f"`{o.event}`", f"`{o.state}`", o.meaning] for o in t.outcomes.values()],
+            [
+                [f"`{o.name}`", f"`{o.event}`" if o.event else "(no move)", f"`{o.state}`", o.meaning]
+                for o in t.outcomes.values()
+            ],
         ),
         "## Actors",
         _md_table(

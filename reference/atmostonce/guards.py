@@ -1,8 +1,10 @@
 """Model predicates for the table's guard catalogue.
 
-Each predicate takes ``(row, args, now)``: ``row`` the intent's current
+Each predicate takes ``(row, args, now, world)``: ``row`` the intent's current
 columns (a mapping named like the SQL columns), ``args`` the arguments the
-caller presented, ``now`` the store clock in seconds. The SQL store has one
+caller presented, ``now`` the store clock in seconds, ``world`` the store-wide
+state a guard may consult (restore epoch, kill switches, credential and
+contract versions, text slots; see :class:`World`). The SQL store has one
 fragment per name in ``atmostonce_sql.guards``; a test checks both registries
 cover exactly the table's catalogue.
 """
@@ -10,26 +12,37 @@ cover exactly the table's catalogue.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["GUARDS", "GuardFn"]
+__all__ = ["GUARDS", "GuardFn", "World"]
 
-GuardFn = Callable[[Mapping[str, Any], Mapping[str, Any], float], bool]
+GuardFn = Callable[[Mapping[str, Any], Mapping[str, Any], float, "World"], bool]
 
 
-def no_open_attempt(row, args, now) -> bool:
+class World(Protocol):
+    """What guards may read besides the row: the model keeps these in memory, SQL stores in tables."""
+
+    epoch: int
+    kill_switches: Mapping[str, bool]
+    credentials: Mapping[str, str]
+    contracts: Mapping[str, str]
+    text_claims: list[dict[str, Any]]
+    text_window_seconds: float
+
+
+def no_open_attempt(row, args, now, world) -> bool:
     return row["attempt_token"] is None
 
 
-def attempts_remaining(row, args, now) -> bool:
+def attempts_remaining(row, args, now, world) -> bool:
     return row["attempt_count"] < row["max_attempts"]
 
 
-def attempts_exhausted(row, args, now) -> bool:
+def attempts_exhausted(row, args, now, world) -> bool:
     return row["attempt_count"] >= row["max_attempts"]
 
 
-def lease_holder(row, args, now) -> bool:
+def lease_holder(row, args, now, world) -> bool:
     return (
         row["attempt_token"] is not None
         and row["attempt_token"] == args.get("attempt_token")
@@ -37,41 +50,73 @@ def lease_holder(row, args, now) -> bool:
     )
 
 
-def lease_live(row, args, now) -> bool:
+def lease_live(row, args, now, world) -> bool:
     return row["lease_expires_at"] is not None and row["lease_expires_at"] > now
 
 
-def lease_expired(row, args, now) -> bool:
+def lease_expired(row, args, now, world) -> bool:
     return row["lease_expires_at"] is not None and row["lease_expires_at"] <= now
 
 
-def request_digest_matches(row, args, now) -> bool:
+def request_digest_matches(row, args, now, world) -> bool:
     return row["request_digest"] == args.get("request_digest")
 
 
-def remote_id_known(row, args, now) -> bool:
+def remote_id_known(row, args, now, world) -> bool:
     return row["remote_id"] is not None
 
 
-def no_remote_object(row, args, now) -> bool:
+def restore_epoch_current(row, args, now, world) -> bool:
+    return row["epoch"] is not None and row["epoch"] == args.get("epoch") == world.epoch
+
+
+def kill_switch_off(row, args, now, world) -> bool:
+    return not (world.kill_switches.get("global") or world.kill_switches.get(f"account:{row['account']}"))
+
+
+def credential_current(row, args, now, world) -> bool:
+    current = world.credentials.get(row["account"])
+    return current is None or current == args.get("credential_version")
+
+
+def contract_supported(row, args, now, world) -> bool:
+    current = world.contracts.get(args.get("platform"))
+    return current is None or current == args.get("contract_version")
+
+
+def text_window_clear(row, args, now, world) -> bool:
+    if row["text_hash"] is None:
+        return True
+    window = world.text_window_seconds
+    return not any(
+        t["account"] == row["account"]
+        and t["text_hash"] == row["text_hash"]
+        and not t["released"]
+        and t["start_at"] < now + window
+        and t["end_at"] > now
+        for t in world.text_claims
+    )
+
+
+def no_remote_object(row, args, now, world) -> bool:
     return row["remote_id"] is None
 
 
-def plan_unchanged(row, args, now) -> bool:
+def plan_unchanged(row, args, now, world) -> bool:
     return row["generation"] == args.get("plan_generation") and row["reconcile_count"] == args.get(
         "plan_reconcile_count"
     )
 
 
-def reconcile_budget_left(row, args, now) -> bool:
+def reconcile_budget_left(row, args, now, world) -> bool:
     return row["reconcile_count"] < row["max_reconciles"]
 
 
-def evidence_fenced(row, args, now) -> bool:
+def evidence_fenced(row, args, now, world) -> bool:
     return args.get("fenced") is True
 
 
-def operator_identified(row, args, now) -> bool:
+def operator_identified(row, args, now, world) -> bool:
     op = args.get("operator")
     return isinstance(op, str) and op.strip() != ""
 
@@ -87,6 +132,11 @@ GUARDS: dict[str, GuardFn] = {
         lease_expired,
         request_digest_matches,
         remote_id_known,
+        restore_epoch_current,
+        kill_switch_off,
+        credential_current,
+        contract_supported,
+        text_window_clear,
         no_remote_object,
         plan_unchanged,
         reconcile_budget_left,

@@ -48,6 +48,7 @@ __all__ = [
     "raw_digest",
     "request_digest",
     "source_version",
+    "text_digest",
 ]
 
 NORMALIZER_VERSION = 1
@@ -223,6 +224,11 @@ def claim_id(version: SourceVersion, content: Any) -> ClaimId:
     """Identity of a claim: the source version it rests on plus its own normalized content."""
     _require("source version", version)
     return ClaimId(_identity("atmostonce/claim", version, _normalize_projection(content)))
+
+
+def text_digest(text: str) -> str:
+    """Digest of normalized text for the duplicate-text window (seed 004 M6); versioned like every identity."""
+    return _identity("atmostonce/text", normalize_text(text))
 
 
 def raw_digest(raw: bytes) -> str:

@@ -32,7 +32,30 @@ from .table import table as default_table
 
 __all__ = ["MemoryStore", "open_memory_store"]
 
-_HISTORY_DETAIL = ("reason", "remote_id", "response_digest", "operator", "fenced", "result", "descriptor")
+_HISTORY_DETAIL = (
+    "reason",
+    "remote_id",
+    "response_digest",
+    "operator",
+    "fenced",
+    "result",
+    "descriptor",
+    "credential_version",
+    "platform",
+    "contract_version",
+)
+
+
+class _Releaser:
+    """An append target that frees the text slots of one key (``append`` keeps the commit loop uniform)."""
+
+    def __init__(self, claims: list[dict[str, Any]], key: str):
+        self.claims, self.key = claims, key
+
+    def append(self, _item: Any) -> None:
+        for c in self.claims:
+            if c["key"] == self.key:
+                c["released"] = True
 
 
 class _Cell:
@@ -65,8 +88,15 @@ class MemoryStore(Operations):
     transition table (default: the shipped one).
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None, table: Table | None = None):
+    def __init__(
+        self,
+        clock: Callable[[], float] | None = None,
+        table: Table | None = None,
+        *,
+        text_window_seconds: float = 86_400.0,
+    ):
         self.table = table or default_table()
+        self.text_window_seconds = float(text_window_seconds)
         self._clock = clock or time.time
         self._lock = threading.RLock()
         self._machine = _build_machine(self.table)
@@ -85,6 +115,12 @@ class MemoryStore(Operations):
             self._reconciliations: list[Reconciliation] = []
             self._generation = itertools.count(1)
             self._seq = itertools.count(1)
+            # the World a guard may read (see atmostonce.guards.World)
+            self.epoch = 1
+            self.kill_switches: dict[str, bool] = {}
+            self.credentials: dict[str, str] = {}
+            self.contracts: dict[str, str] = {}
+            self.text_claims: list[dict[str, Any]] = []
 
     def close(self) -> None:
         pass
@@ -119,6 +155,8 @@ class MemoryStore(Operations):
                 "normalizer_version": sub.normalizer_version,
                 "created_at": now,
                 "updated_at": now,
+                "epoch": None,
+                "text_hash": sub.text_hash,
             }
             cell = _Cell(self.table.initial)
             self._machine.add_model(cell, initial=self.table.initial)
@@ -140,7 +178,7 @@ class MemoryStore(Operations):
             for g in ev.guards:
                 if g in self._disabled_guards:
                     continue
-                if not GUARDS[g](row, args, now):
+                if not GUARDS[g](row, args, now, self):
                     raise GuardRefused(event, key, g, row["state"])
             # compute everything first; commit only when nothing else can fail
             new = copy.deepcopy(row)
@@ -177,6 +215,7 @@ class MemoryStore(Operations):
         row["generation"] = gen
         row["lease_expires_at"] = now + args["lease_seconds"]
         row["remote_id"] = None
+        row["epoch"] = self.epoch
         attempt = {
             "attempt_token": tok,
             "key": row["key"],
@@ -206,6 +245,25 @@ class MemoryStore(Operations):
         rec = Reconciliation(next(self._seq), row["key"], args.get("result", "unknown"), args.get("remote_id"), now)
         appends.append((self._reconciliations, rec))
 
+    def _eff_claim_text_slot(self, row, args, now, event, appends):
+        if row["text_hash"] is not None:
+            claim = {
+                "key": row["key"],
+                "account": row["account"],
+                "text_hash": row["text_hash"],
+                "start_at": now,
+                "end_at": now + self.text_window_seconds,
+                "released": False,
+            }
+            appends.append((self.text_claims, claim))
+
+    def _eff_release_text_slot(self, row, args, now, event, appends):
+        # released at commit time (appends run after every check passed)
+        appends.append((_Releaser(self.text_claims, row["key"]), None))
+
+    def _eff_fence_restore(self, row, args, now, event, appends):
+        self._eff_close_attempt(row, args, now, event, appends)
+
     def _eff_bump_resend_epoch(self, row, args, now, event, appends):
         row["resend_epoch"] += 1
 
@@ -220,6 +278,27 @@ class MemoryStore(Operations):
     @staticmethod
     def _copy_entry(h: HistoryEntry) -> HistoryEntry:
         return dataclasses.replace(h, detail=copy.deepcopy(dict(h.detail)))
+
+    # -- policy and restores ----------------------------------------------------------------
+    def _write_policy(self, kind: str, name: str, value: Any) -> None:
+        with self._lock:
+            table: dict[str, Any] = getattr(self, kind)
+            if value is None or value is False:
+                table.pop(name, None)
+            else:
+                table[name] = value
+
+    def kill_switch_engaged(self, account: str) -> bool:
+        with self._lock:
+            return bool(self.kill_switches.get("global") or self.kill_switches.get(f"account:{account}"))
+
+    def current_epoch(self) -> int:
+        return self.epoch
+
+    def _bump_epoch(self) -> int:
+        with self._lock:
+            self.epoch += 1
+            return self.epoch
 
     # -- reads ----------------------------------------------------------------------------
     @staticmethod

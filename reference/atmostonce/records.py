@@ -21,6 +21,7 @@ from .identity import (
     delivery_key,
     load_canonical,
     request_digest,
+    text_digest,
 )
 
 __all__ = [
@@ -70,6 +71,8 @@ class Intent:
     normalizer_version: int
     created_at: float
     updated_at: float
+    epoch: int | None = None
+    text_hash: str | None = None
 
     @property
     def plan(self) -> Plan:
@@ -85,6 +88,7 @@ class Lease:
     attempt_token: str
     generation: int
     expires_at: float
+    epoch: int = 1
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ class Submission:
     max_attempts: int
     max_reconciles: int
     normalizer_version: int = NORMALIZER_VERSION
+    text_hash: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -182,6 +187,7 @@ def prepare_submission(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     max_reconciles: int = DEFAULT_MAX_RECONCILES,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    text_field: str = "text",
 ) -> Submission:
     """Validate intake and compute the delivery key and request digest.
 
@@ -214,6 +220,7 @@ def prepare_submission(
         request_digest=request_digest(stored),
         max_attempts=_positive_int("max_attempts", max_attempts),
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
+        text_hash=text_digest(stored[text_field]) if isinstance(stored.get(text_field), str) else None,
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import IntakeError
+from .errors import IntakeError, Rejected
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -59,6 +59,7 @@ def _lease_args(lease: Lease) -> dict[str, Any]:
     return {
         "attempt_token": check_text("attempt token", lease.attempt_token, max_chars=128),
         "generation": _int("generation", lease.generation),
+        "epoch": _int("epoch", lease.epoch),
     }
 
 
@@ -123,7 +124,7 @@ class Operations:
         secs = validate_lease_seconds("lease_seconds", lease_seconds)
         it = self._move("begin", key, {"lease_seconds": secs})
         assert it.attempt_token is not None and it.generation is not None and it.lease_expires_at is not None
-        return Lease(it.key, it.attempt_token, it.generation, it.lease_expires_at)
+        return Lease(it.key, it.attempt_token, it.generation, it.lease_expires_at, it.epoch or 0)
 
     def authorize_dispatch(
         self,
@@ -132,13 +133,25 @@ class Operations:
         request_digest: str,
         send_lease_seconds: float = 60.0,
         descriptor: Mapping[str, Any] | None = None,
+        credential_version: str | None = None,
+        platform: str | None = None,
+        contract_version: str | None = None,
     ) -> Intent:
-        """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends."""
+        """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends.
+
+        Re-checks, in that one write, everything checked earlier: the lease (token, generation,
+        restore epoch, deadline), the exact request digest, the kill switches, the account's
+        credential version, the platform contract version, and the duplicate-text window.
+        Raises ``GuardRefused`` naming the first condition that failed; ``IntakeError`` for bad input.
+        """
         secs = validate_lease_seconds("send_lease_seconds", send_lease_seconds)
         args = _lease_args(lease) | {
             "request_digest": check_text("request_digest", request_digest, max_chars=128),
             "lease_seconds": secs,
             "descriptor": check_json_object("descriptor", descriptor or {}),
+            "credential_version": _optional_text("credential_version", credential_version),
+            "platform": _optional_text("platform", platform),
+            "contract_version": _optional_text("contract_version", contract_version),
         }
         return self._move("authorize_dispatch", lease.key, args)
 
@@ -212,6 +225,53 @@ class Operations:
     def resend(self, key: str, *, operator: str) -> Intent:
         return self._move("resend", key, {"operator": _operator(operator)})
 
+    # -- policy layer and restores ------------------------------------------------------------
+    def _write_policy(self, kind: str, name: str, value: Any) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _bump_epoch(self) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None:
+        """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (seed 004 M2)."""
+        check_text("operator", operator)
+        if scope != "global" and not (isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8):
+            raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}")
+        self._write_policy("kill_switches", check_text("scope", scope), bool(engaged))
+
+    def set_credential_version(self, account: str, version: str | None) -> None:
+        """The account's current credential version (``None``: no check for this account)."""
+        self._write_policy("credentials", check_text("account", account), _optional_text("version", version))
+
+    def set_contract_version(self, platform: str, version: str | None) -> None:
+        """The platform contract version workers must have prepared for (``None``: no check)."""
+        self._write_policy("contracts", check_text("platform", platform), _optional_text("version", version))
+
+    def declare_restore(self, *, operator: str) -> tuple[int, int]:
+        """After restoring the database from a backup: bump the restore epoch, so every lease issued
+        before is fenced off, and move every intent that may have been sent after the backup
+        (queued, in flight, failed) to ``indeterminate`` for reconciliation (seed 004 M5).
+
+        Returns ``(new epoch, intents fenced)``. Raises ``IntakeError`` without a named operator.
+        """
+        who = check_text("operator", operator, max_chars=256)
+        epoch = self._bump_epoch()
+        fenced = 0
+        for state in self.table.event("restore_fence").sources:
+            while True:
+                batch = self.list_intents(state=state, limit=500)
+                moved = 0
+                for it in batch:
+                    try:
+                        self._move("restore_fence", it.key, {"operator": who, "reason": f"restore epoch {epoch}"})
+                        moved += 1
+                    except Rejected:
+                        pass
+                fenced += moved
+                if not batch or moved == 0:
+                    break
+        return epoch, fenced
+
 
 def _operator(v: Any) -> str:
     """An operator name every store can persist; a blank one is left for the ``operator_identified`` guard."""
@@ -263,5 +323,11 @@ class Store(Protocol):
     def reconciliations(self, key: str) -> list[Reconciliation]: ...
     def due_leases(self, limit: int = 100) -> list[Intent]: ...
     def claimable(self, limit: int = 100) -> list[str]: ...
+    def kill_switch_engaged(self, account: str) -> bool: ...
+    def current_epoch(self) -> int: ...
+    def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None: ...
+    def set_credential_version(self, account: str, version: str | None) -> None: ...
+    def set_contract_version(self, platform: str, version: str | None) -> None: ...
+    def declare_restore(self, *, operator: str) -> tuple[int, int]: ...
     def now(self) -> float: ...
     def close(self) -> None: ...

@@ -64,6 +64,7 @@ class Guard:
     meaning: str
     seed: str
     proof_of_absence: bool = False
+    policy: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,13 @@ class Event:
 
 @dataclass(frozen=True)
 class Outcome:
+    """An outcome name the code can produce. ``event`` is the move that records it, or ``None`` for an
+    outcome that moves nothing (the intent stays in ``state``)."""
+
     name: str
-    event: str
     state: str
     meaning: str
+    event: str | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,11 @@ class Table:
     @property
     def state_names(self) -> tuple[str, ...]:
         return tuple(self.states)
+
+    @property
+    def policy_guards(self) -> tuple[str, ...]:
+        """Guards whose refusal is a policy block (the worker parks the intent), not a stale worker."""
+        return tuple(g.name for g in self.guards.values() if g.policy)
 
     @property
     def retryable_states(self) -> tuple[str, ...]:

@@ -50,6 +50,8 @@ def upgrade() -> None:
         sa.Column("normalizer_version", sa.Integer, nullable=False),
         sa.Column("created_at", sa.Float(53), nullable=False),
         sa.Column("updated_at", sa.Float(53), nullable=False),
+        sa.Column("epoch", sa.BigInteger, nullable=True),
+        sa.Column("text_hash", sa.Text, nullable=True),
     )
     op.create_index(
         "aom_intents_lease_due",
@@ -109,6 +111,57 @@ def upgrade() -> None:
         sa.Column("value", sa.BigInteger, nullable=False),
     )
     op.execute("INSERT INTO aom_sequences (name, value) VALUES ('generation', 0)")
+    op.create_table(
+        "aom_meta",
+        sa.Column("name", sa.Text, primary_key=True),
+        sa.Column("value", sa.BigInteger, nullable=False),
+    )
+    op.execute("INSERT INTO aom_meta (name, value) VALUES ('restore_epoch', 1)")
+    op.create_table(
+        "aom_kill_switches",
+        sa.Column("scope", sa.Text, primary_key=True),
+        sa.Column("engaged", sa.Boolean, nullable=False),
+    )
+    op.create_table(
+        "aom_credentials",
+        sa.Column("account", sa.Text, primary_key=True),
+        sa.Column("version", sa.Text, nullable=False),
+    )
+    op.create_table(
+        "aom_contracts",
+        sa.Column("platform", sa.Text, primary_key=True),
+        sa.Column("version", sa.Text, nullable=False),
+    )
+    op.create_table(
+        "aom_text_claims",
+        sa.Column("id", SEQ, sa.Identity(), primary_key=True),
+        sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+        sa.Column("account", sa.Text, nullable=False),
+        sa.Column("text_hash", sa.Text, nullable=False),
+        sa.Column("start_at", sa.Float(53), nullable=False),
+        sa.Column("end_at", sa.Float(53), nullable=False),
+        sa.Column("released", sa.Boolean, nullable=False),
+        sqlite_autoincrement=True,
+    )
+    op.create_index("aom_text_claims_lookup", "aom_text_claims", ["account", "text_hash"])
+    op.create_index("aom_text_claims_key", "aom_text_claims", ["key"])
+    if dialect == "postgresql":
+        # holds under concurrency: two overlapping unreleased claims of one text cannot both commit
+        op.execute("CREATE EXTENSION IF NOT EXISTS btree_gist")
+        op.execute(
+            "ALTER TABLE aom_text_claims ADD CONSTRAINT aom_text_claims_window EXCLUDE USING gist "
+            "(account WITH =, text_hash WITH =, numrange(start_at::numeric, end_at::numeric, '[)') WITH &&) "
+            "WHERE (NOT released)"
+        )
+    else:
+        # SQLite serializes writers; this trigger is the same rule for anyone writing the file
+        op.execute(
+            "CREATE TRIGGER aom_text_claims_window BEFORE INSERT ON aom_text_claims "
+            "WHEN EXISTS (SELECT 1 FROM aom_text_claims t WHERE t.account = NEW.account "
+            "AND t.text_hash = NEW.text_hash AND NOT t.released "
+            "AND t.start_at < NEW.end_at AND t.end_at > NEW.start_at) "
+            "BEGIN SELECT RAISE(ABORT, 'atmostonce: aom_text_claims_window: duplicate text inside the window'); END"
+        )
 
     if dialect == "postgresql":
         op.execute("CREATE SEQUENCE aom_generation AS bigint START 1")
