@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from atmostonce import AppendOnlyViolation, StoreError
+from atmostonce import AppendOnlyViolation, GuardRefused, StoreError
 from atmostonce_sql import make_engine, open_store
 from atmostonce_sql.schema import APPEND_ONLY_TABLES, metadata
 from tests.helpers import begin_authorize, submit, to_state
@@ -34,7 +34,10 @@ def test_migrations_are_recorded_and_idempotent(sql_store):
 @pytest.mark.parametrize("statement", ["UPDATE {t} SET recorded_at = 0", "DELETE FROM {t}"])
 def test_append_only_tables_refuse_tampering(sql_store, table, statement):
     it, _ = to_state(sql_store, "indeterminate")
-    sql_store.reconcile_not_found(sql_store.get(it.key).plan)
+    plan = sql_store.get(it.key).plan
+    sql_store.reconcile_not_found(plan)
+    with pytest.raises(GuardRefused):  # a stale plan: refused and recorded in aom_refusals
+        sql_store.reconcile_not_found(plan)
     column = "opened_at" if table == "aom_attempts" else "recorded_at"
     with sql_store.engine.connect() as conn:
         before = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()

@@ -22,6 +22,7 @@ __all__ = [
     "intents",
     "metadata",
     "reconciliations",
+    "refusals",
     "sequences",
 ]
 
@@ -172,4 +173,20 @@ text_claims = sa.Table(
     sqlite_autoincrement=True,
 )
 
-APPEND_ONLY_TABLES = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations")
+# Refused stale writes (seed 003): who presented what, against what was current, and which event superseded it.
+refusals = sa.Table(
+    "aom_refusals",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("key", sa.Text, nullable=False),
+    sa.Column("event", sa.Text, nullable=False),
+    sa.Column("guard", sa.Text, nullable=False),
+    sa.Column("presented", JSONType, nullable=False),
+    sa.Column("current", JSONType, nullable=False),
+    sa.Column("superseded_by_seq", sa.BigInteger, nullable=True),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sa.Index("aom_refusals_key_seq", "key", "seq"),
+    sqlite_autoincrement=True,
+)
+
+APPEND_ONLY_TABLES = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations", "aom_refusals")

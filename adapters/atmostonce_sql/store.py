@@ -33,7 +33,16 @@ from atmostonce.errors import (
     UnknownIntent,
 )
 from atmostonce.identity import attempt_token, load_canonical
-from atmostonce.records import Attempt, HistoryEntry, Intent, Reconciliation, Submission, check_limit, check_text
+from atmostonce.records import (
+    Attempt,
+    HistoryEntry,
+    Intent,
+    Reconciliation,
+    Refusal,
+    Submission,
+    check_limit,
+    check_text,
+)
 from atmostonce.store import Operations
 from atmostonce.table import Table
 from atmostonce.table import table as default_table
@@ -49,6 +58,7 @@ from .schema import (
     kill_switches,
     meta,
     reconciliations,
+    refusals,
     sequences,
     text_claims,
 )
@@ -159,6 +169,7 @@ class SqlStore(Operations):
         "max_attempts",
         "max_reconciles",
         "normalizer_version",
+        "text_hash",
     )
 
     def _creation_statements(self) -> dict[str, Any]:
@@ -273,7 +284,9 @@ class SqlStore(Operations):
         try:
             return self._apply_statements(ev, key, args)
         except StoreError as exc:
-            if "aom_text_claims_window" in str(exc):  # a concurrent claim won the race for this text
+            # a concurrent claim of the same text won: the exclusion constraint refused this one, or
+            # PostgreSQL broke a wait cycle between two conflicting claims (the victim wrote nothing)
+            if "aom_text_claims_window" in str(exc) or ("Deadlock" in str(exc) and '"aom_text_claims"' in str(exc)):
                 raise GuardRefused(
                     ev.name, key, "text_window_clear", None, "refused by the database exclusion"
                 ) from exc
@@ -423,6 +436,50 @@ class SqlStore(Operations):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
         return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
+
+    def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:
+        c = intents.c
+        with self._tx() as conn:
+            row = conn.execute(sa.select(intents).where(c.key == exc.key)).mappings().first()
+            if row is None:
+                return
+            epoch = conn.execute(sa.select(meta.c.value).where(meta.c.name == "restore_epoch")).scalar_one()
+            last = conn.execute(sa.select(sa.func.max(history.c.seq)).where(history.c.key == exc.key)).scalar_one()
+            current = {
+                "state": row["state"],
+                "attempt_token": row["attempt_token"],
+                "generation": row["generation"],
+                "epoch": epoch,
+                "reconcile_count": row["reconcile_count"],
+            }
+            conn.execute(
+                sa.insert(refusals).values(
+                    key=exc.key,
+                    event=exc.event,
+                    guard=exc.guard,
+                    presented=dict(presented),
+                    current=current,
+                    superseded_by_seq=last,
+                    recorded_at=self._now,
+                )
+            )
+
+    def refusals(self, key: str) -> list[Refusal]:
+        q = sa.select(refusals).where(refusals.c.key == key).order_by(refusals.c.seq)
+        with self._tx() as conn:
+            return [
+                Refusal(
+                    r["seq"],
+                    r["key"],
+                    r["event"],
+                    r["guard"],
+                    _json(r["presented"]),
+                    _json(r["current"]),
+                    r["superseded_by_seq"],
+                    r["recorded_at"],
+                )
+                for r in conn.execute(q).mappings()
+            ]
 
     # -- policy layer and restores --------------------------------------------------------
     _POLICY = {

@@ -23,20 +23,25 @@ from sqlalchemy.engine import make_url
 
 from . import make_engine, normalize_url
 from .migrate import upgrade
-from .schema import intents
+from .schema import intents, text_claims
 from .store import SqlStore
 
 __all__ = ["PostgresDatabases", "SqliteDatabases", "age_leases"]
 
 
 def age_leases(store: SqlStore, seconds: float) -> None:
-    """Shift every lease deadline ``seconds`` into the past (the database clock advancing)."""
+    """Shift every lease deadline and text-window slot ``seconds`` into the past (the database clock
+    advancing, as far as any guard can tell). Append-only tables are not touched."""
     c = intents.c
+    t = text_claims.c
     with store.engine.begin() as conn:
         conn.execute(
             sa.update(intents)
             .where(c.lease_expires_at.is_not(None))
             .values(lease_expires_at=c.lease_expires_at - float(seconds))
+        )
+        conn.execute(
+            sa.update(text_claims).values(start_at=t.start_at - float(seconds), end_at=t.end_at - float(seconds))
         )
 
 

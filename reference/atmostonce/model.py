@@ -25,7 +25,7 @@ from transitions import Machine
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
-from .records import Attempt, HistoryEntry, Intent, Reconciliation, Submission, check_limit, check_text
+from .records import Attempt, HistoryEntry, Intent, Reconciliation, Refusal, Submission, check_limit, check_text
 from .store import Operations
 from .table import Table
 from .table import table as default_table
@@ -121,6 +121,7 @@ class MemoryStore(Operations):
             self.credentials: dict[str, str] = {}
             self.contracts: dict[str, str] = {}
             self.text_claims: list[dict[str, Any]] = []
+            self._refusals: list[Refusal] = []
 
     def close(self) -> None:
         pass
@@ -278,6 +279,36 @@ class MemoryStore(Operations):
     @staticmethod
     def _copy_entry(h: HistoryEntry) -> HistoryEntry:
         return dataclasses.replace(h, detail=copy.deepcopy(dict(h.detail)))
+
+    def _record_refusal(self, exc, presented) -> None:
+        with self._lock:
+            row = self._rows.get(exc.key)
+            if row is None:
+                return
+            current = {
+                "state": row["state"],
+                "attempt_token": row["attempt_token"],
+                "generation": row["generation"],
+                "epoch": self.epoch,
+                "reconcile_count": row["reconcile_count"],
+            }
+            last = [h.seq for h in self._history if h.key == exc.key]
+            self._refusals.append(
+                Refusal(
+                    next(self._seq),
+                    exc.key,
+                    exc.event,
+                    exc.guard,
+                    copy.deepcopy(dict(presented)),
+                    current,
+                    last[-1] if last else None,
+                    self.now(),
+                )
+            )
+
+    def refusals(self, key: str) -> list[Refusal]:
+        with self._lock:
+            return [copy.deepcopy(r) for r in self._refusals if r.key == key]
 
     # -- policy and restores ----------------------------------------------------------------
     def _write_policy(self, kind: str, name: str, value: Any) -> None:

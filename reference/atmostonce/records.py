@@ -34,6 +34,7 @@ __all__ = [
     "Lease",
     "Plan",
     "Reconciliation",
+    "Refusal",
     "Submission",
     "check_json_object",
     "check_limit",
@@ -136,6 +137,21 @@ class Reconciliation:
     key: DeliveryKey
     result: str
     remote_id: str | None
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused stale write, recorded (seed 003): what was presented, what was current, and the
+    sequence of the last history event before the refusal (the one that superseded the presenter)."""
+
+    seq: int
+    key: DeliveryKey
+    event: str
+    guard: str
+    presented: Mapping[str, Any]
+    current: Mapping[str, Any]
+    superseded_by_seq: int | None
     recorded_at: float
 
 

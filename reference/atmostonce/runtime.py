@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import AtMostOnceError, Rejected
+from .errors import AtMostOnceError, GuardRefused, Rejected
 from .identity import request_digest
 from .records import Intent
 from .store import Store
@@ -92,6 +92,8 @@ class Dispatcher:
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
     work: Callable[[Intent], None] | None = None
     crash: Callable[[str], None] | None = None
+    credential_version: Callable[[str], str | None] | None = None
+    """Returns the credential version the worker will send with for an account (``None``: unversioned)."""
 
     def _point(self, name: str) -> None:
         if self.crash is not None:
@@ -103,6 +105,9 @@ class Dispatcher:
         Raises :class:`Rejected` when ``begin`` or ``authorize_dispatch`` refuses (nothing was sent),
         :class:`SimulatedCrash` when the crash hook fires.
         """
+        before = self.store.get(key)
+        if self.store.kill_switch_engaged(before.account):
+            return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
         lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
         self._point("after_begin")
         intent = self.store.get(key)
@@ -110,12 +115,22 @@ class Dispatcher:
             self.work(intent)
         self._point("after_work")
         wire = wire_request(intent)
-        self.store.authorize_dispatch(
-            lease,
-            request_digest=request_digest(wire.body),
-            send_lease_seconds=self.config.send_lease_seconds,
-            descriptor=_descriptor(self.transport, wire),
-        )
+        try:
+            self.store.authorize_dispatch(
+                lease,
+                request_digest=request_digest(wire.body),
+                send_lease_seconds=self.config.send_lease_seconds,
+                descriptor=_descriptor(self.transport, wire),
+                credential_version=self.credential_version(intent.account) if self.credential_version else None,
+                platform=self.transport.name,
+                contract_version=getattr(self.transport, "contract_version", None),
+            )
+        except GuardRefused as exc:
+            if exc.guard not in self.store.table.policy_guards:
+                raise  # a stale worker: nothing to record, the sweeper settles the lease
+            # a policy gate refused at publish time: terminal and human-owned (seed 004, "Recovery")
+            self.store.block_at_gate(lease, reason=f"gate.blocked:{exc.guard}")
+            return "gate.blocked"
         self._point("after_authorize")
         result = self.transport.send(wire)
         self._point("after_send")
@@ -194,7 +209,9 @@ class Reconciler:
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def _drifted(self, it: Intent) -> bool:
-        d = it.descriptor or {}
+        d = it.descriptor
+        if not d:  # never authorized in this database's view (e.g. fenced by a restore): nothing to drift from
+            return False
         return (
             d.get("transport") != self.transport.name
             or d.get("transport_version") != self.transport.protocol_version

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import IntakeError, Rejected
+from .errors import GuardRefused, IntakeError, Rejected
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -26,6 +26,7 @@ from .records import (
     Lease,
     Plan,
     Reconciliation,
+    Refusal,
     Submission,
     check_json_object,
     check_text,
@@ -34,7 +35,11 @@ from .records import (
 )
 from .table import Table
 
-__all__ = ["Operations", "Store"]
+__all__ = ["FENCING_GUARDS", "Operations", "Store"]
+
+FENCING_GUARDS = ("lease_holder", "restore_epoch_current", "plan_unchanged")
+"""Guards whose refusals are recorded: they catch a worker or maintenance pass acting on a stale view."""
+_PRESENTED = ("attempt_token", "generation", "epoch", "plan_generation", "plan_reconcile_count")
 
 
 def _need_text(name: str, v: Any) -> str:
@@ -86,8 +91,18 @@ class Operations:
         raise NotImplementedError
 
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
-        """Validate the key, then hand the move to the store's ``_apply``."""
-        return self._apply(event, check_text("key", key, max_chars=256), args)
+        """Validate the key, then hand the move to the store's ``_apply``; a write refused by a
+        fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (seed 003)."""
+        key = check_text("key", key, max_chars=256)
+        try:
+            return self._apply(event, key, args)
+        except GuardRefused as exc:
+            if exc.guard in FENCING_GUARDS:
+                self._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
+            raise
+
+    def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:  # pragma: no cover
+        raise NotImplementedError
 
     # -- intake ---------------------------------------------------------------------------
     def submit(
@@ -321,6 +336,7 @@ class Store(Protocol):
     def history(self, key: str) -> list[HistoryEntry]: ...
     def attempts(self, key: str) -> list[Attempt]: ...
     def reconciliations(self, key: str) -> list[Reconciliation]: ...
+    def refusals(self, key: str) -> list[Refusal]: ...
     def due_leases(self, limit: int = 100) -> list[Intent]: ...
     def claimable(self, limit: int = 100) -> list[str]: ...
     def kill_switch_engaged(self, account: str) -> bool: ...

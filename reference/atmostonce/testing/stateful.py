@@ -36,7 +36,7 @@ __all__ = ["FakeClock", "StoreUnderTest", "make_machine"]
 
 ACCOUNTS = ("acct-a", "acct-b")
 KINDS = ("post", "like")
-TARGETS = ("t1",)
+TARGETS = ("t1", "t2")
 TEXTS = ("hello", "hello ", "other")
 
 
@@ -69,7 +69,18 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
         return type(exc).__name__, exc.guard
 
 
-_COMPARED = ("state", "attempt_count", "remote_id", "reconcile_count", "resend_epoch", "request_digest", "max_attempts")
+_COMPARED = (
+    "state",
+    "attempt_count",
+    "remote_id",
+    "reconcile_count",
+    "resend_epoch",
+    "request_digest",
+    "max_attempts",
+    "epoch",
+    "text_hash",
+    "request",
+)
 
 
 def _same_intent(a: Intent, b: Intent) -> list[str]:
@@ -189,10 +200,13 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 self.stale.append(pair)
                 return
             digest = self.model.get(key).request_digest
-            (m, _), _ = self.both(
+            (m, g), _ = self.both(
                 lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest, send_lease_seconds=30)
             )
-            assert m == "ok", "a fresh lease could not authorize"
+            if m != "ok":  # only a policy gate may refuse a fresh lease
+                assert g in self.model.table.policy_guards, f"a fresh lease was refused by {g}"
+                self.live[key] = pair
+                return
             if ending == "dies_after_authorize":
                 self.stale.append(pair)
                 return
@@ -326,6 +340,29 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             if how == "unfenced_absent" or stale_plan:
                 assert m[0] != "ok", f"reconciler moved on no evidence ({how}, stale plan {stale_plan})"
 
+        # -- the policy layer and restores --------------------------------------------
+        @rule(scope=st.sampled_from(["global", "account:acct-a"]), engaged=st.booleans())
+        def flip_kill_switch(self, scope, engaged):
+            self.both(lambda st_, i: st_.set_kill_switch(scope, engaged, operator="ops"))
+
+        @rule(account=st.sampled_from(ACCOUNTS), version=st.sampled_from([None, "v1", "v2"]))
+        def rotate_credential(self, account, version):
+            self.both(lambda st_, i: st_.set_credential_version(account, version))
+
+        @rule(version=st.sampled_from([None, "c1"]))
+        def change_contract(self, version):
+            self.both(lambda st_, i: st_.set_contract_version("none", version))
+
+        @precondition(lambda self: self.keys)
+        @rule()
+        def declare_restore(self):
+            (m, mv), s = self.both(lambda st_, i: st_.declare_restore(operator="ops"))
+            assert m == "ok"
+            if s is not None:
+                assert s[1] == mv, f"restore: model {mv} vs store {s[1]}"
+            self.stale.extend(self.live.values())
+            self.live.clear()
+
         # -- retry policy and operator -----------------------------------------------
         @precondition(lambda self: self.keys)
         @rule(data=st.data(), what=st.sampled_from(["retry", "retry", "exhaust"]))
@@ -364,6 +401,8 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             if self.store is None:
                 return
             for key in self.keys:
+                ra, rb = self.model.refusals(key), self.store.refusals(key)
+                assert [(r.event, r.guard) for r in ra] == [(r.event, r.guard) for r in rb], "refusals differ"
                 a, b = self.model.get(key), self.store.get(key)
                 diffs = _same_intent(a, b)
                 assert not diffs, f"{key[:12]}: " + "; ".join(diffs)

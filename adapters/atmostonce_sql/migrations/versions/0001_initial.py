@@ -15,12 +15,13 @@ depends_on = None
 
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 SEQ = sa.BigInteger().with_variant(sa.Integer, "sqlite")
-APPEND_ONLY = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations")
+APPEND_ONLY = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations", "aom_refusals")
 UNIQUE_COLUMNS = {
     "aom_attempts": (("attempt_token",), ("generation",), ("key", "number")),
     "aom_attempt_outcomes": (("seq",),),
     "aom_history": (("seq",),),
     "aom_reconciliations": (("seq",),),
+    "aom_refusals": (("seq",),),
 }
 
 
@@ -105,6 +106,19 @@ def upgrade() -> None:
         sqlite_autoincrement=True,
     )
     op.create_index("aom_reconciliations_key_seq", "aom_reconciliations", ["key", "seq"])
+    op.create_table(
+        "aom_refusals",
+        sa.Column("seq", SEQ, sa.Identity(), primary_key=True),
+        sa.Column("key", sa.Text, nullable=False),
+        sa.Column("event", sa.Text, nullable=False),
+        sa.Column("guard", sa.Text, nullable=False),
+        sa.Column("presented", JSONType, nullable=False),
+        sa.Column("current", JSONType, nullable=False),
+        sa.Column("superseded_by_seq", sa.BigInteger, nullable=True),
+        sa.Column("recorded_at", sa.Float(53), nullable=False),
+        sqlite_autoincrement=True,
+    )
+    op.create_index("aom_refusals_key_seq", "aom_refusals", ["key", "seq"])
     op.create_table(
         "aom_sequences",
         sa.Column("name", sa.Text, primary_key=True),
