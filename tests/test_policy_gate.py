@@ -209,7 +209,7 @@ def test_eight_workers_race_the_same_text_and_exactly_one_is_authorized(pg_datab
             barrier = threading.Barrier(8)
             results: list[str] = []
 
-            def go(it, lease):
+            def go(it, lease, barrier=barrier, results=results):
                 barrier.wait()
                 try:
                     store.authorize_dispatch(lease, request_digest=it.request_digest)
