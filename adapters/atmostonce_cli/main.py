@@ -251,6 +251,37 @@ def cmd_db_upgrade(args) -> int:
     return EXIT_OK
 
 
+def cmd_declare_restore(args) -> int:
+    store = _store(args)
+    epoch, fenced = store.declare_restore(operator=args.operator)
+    _emit(
+        args,
+        {"restore_epoch": epoch, "fenced": fenced},
+        f"restore epoch now {epoch}; {fenced} open intents moved to indeterminate for reconciliation",
+    )
+    return EXIT_OK
+
+
+def cmd_kill_switch(args) -> int:
+    store = _store(args)
+    scope = "global" if args.scope == "global" else f"account:{args.scope}"
+    store.set_kill_switch(scope, args.state == "on", operator=args.operator)
+    _emit(args, {"scope": scope, "engaged": args.state == "on"}, f"kill switch {scope}: {args.state}")
+    return EXIT_OK
+
+
+def cmd_credential(args) -> int:
+    _store(args).set_credential_version(args.account, None if args.clear else args.version)
+    _emit(args, {"account": args.account, "version": None if args.clear else args.version}, "credential version set")
+    return EXIT_OK
+
+
+def cmd_contract(args) -> int:
+    _store(args).set_contract_version(args.platform, None if args.clear else args.version)
+    _emit(args, {"platform": args.platform, "version": None if args.clear else args.version}, "contract version set")
+    return EXIT_OK
+
+
 def cmd_spec_check(args) -> int:
     from atmostonce.checks import check_table
     from atmostonce.table import load_table
@@ -325,6 +356,28 @@ def build_parser() -> argparse.ArgumentParser:
     dbp = sub.add_parser("db", help="database administration").add_subparsers(dest="sub", required=True)
     up = db(dbp.add_parser("upgrade", help="apply migrations"))
     up.set_defaults(func=cmd_db_upgrade)
+    dr = db(dbp.add_parser("declare-restore", help="after restoring a backup: fence old leases, settle open work"))
+    dr.add_argument("--operator", required=True)
+    dr.set_defaults(func=cmd_declare_restore)
+
+    pol = sub.add_parser("policy", help="the policy layer every path reads").add_subparsers(dest="sub", required=True)
+    ks = db(pol.add_parser("kill-switch", help="engage or release a kill switch"))
+    ks.add_argument("scope", help="'global' or an account id")
+    ks.add_argument("state", choices=["on", "off"])
+    ks.add_argument("--operator", required=True)
+    ks.set_defaults(func=cmd_kill_switch)
+    cr = db(pol.add_parser("credential", help="set an account's current credential version"))
+    cr.add_argument("account")
+    crg = cr.add_mutually_exclusive_group(required=True)
+    crg.add_argument("version", nargs="?")
+    crg.add_argument("--clear", action="store_true")
+    cr.set_defaults(func=cmd_credential)
+    ct = db(pol.add_parser("contract", help="set the platform contract version workers must have prepared for"))
+    ct.add_argument("platform")
+    ctg = ct.add_mutually_exclusive_group(required=True)
+    ctg.add_argument("version", nargs="?")
+    ctg.add_argument("--clear", action="store_true")
+    ct.set_defaults(func=cmd_contract)
 
     sp = sub.add_parser("spec", help="the transition table").add_subparsers(dest="sub", required=True)
     ck = sp.add_parser("check", help="run the table's static checks")
