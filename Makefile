@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 PYTEST  := $(BIN)/pytest
 WORKERS ?= 2
 
-.PHONY: demo test quick lint spec-check docs docs-check soak bench wheel-check clean
+.PHONY: demo test quick lint spec-check docs docs-check soak bench matrix demo-matrix mutation wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,7 +25,7 @@ test: $(STAMP)
 ## spec check + lint + docs lint + fast tests, under a minute
 quick: $(STAMP) spec-check lint docs-check
 	$(PYTEST) -q -x -m "not postgres and not slow" -n $(WORKERS) \
-	  --ignore=tests/test_store_differential.py --ignore=tests/test_pgserver.py
+	  --ignore=tests/test_store_differential.py --ignore=tests/test_pgserver.py --ignore=tests/matrix
 
 spec-check: $(STAMP)
 	$(BIN)/atmostonce spec check
@@ -48,6 +48,17 @@ soak: $(STAMP)
 ## benchmark the PostgreSQL store against raw psycopg (fsync on); writes docs/performance.md
 bench: $(STAMP)
 	$(BIN)/python tests/bench/bench_store.py --write
+
+## the Matrix transport against a real local Synapse, and the demo on it
+matrix: $(STAMP)
+	$(PYTEST) -q tests/matrix
+demo-matrix: $(STAMP)
+	$(BIN)/atmostonce demo --platform matrix
+
+## guard ablation (every guard, source state and outcome mapping, at each layer) and mutmut
+mutation: $(STAMP)
+	$(BIN)/python -m mutation.ablate --jobs $(WORKERS)
+	$(BIN)/python -m mutation.report --write
 
 ## build the wheel, install it into a fresh virtual environment, load the table from there
 wheel-check: $(STAMP)

@@ -97,3 +97,87 @@ def test_normalization_is_idempotent_and_keys_are_stable(text, account):
         return
     assert normalize_text(once) == once
     assert delivery_key(account, "post", "t", {"text": text}) == delivery_key(account, "post", "t", {"text": once})
+
+
+def _normalize_v2(text: str) -> str:
+    """A stand-in for a future normalizer: v1 plus case folding (it merges spellings v1 keeps apart)."""
+    from atmostonce.identity import _normalize_v1
+
+    return _normalize_v1(text).casefold()
+
+
+@pytest.fixture
+def normalizer_v2(monkeypatch):
+    import atmostonce.identity as ident
+
+    monkeypatch.setitem(ident.NORMALIZERS, 2, _normalize_v2)
+    monkeypatch.setattr(ident, "NORMALIZER_VERSION", 2)
+
+
+def test_a_new_normalizer_mints_new_keys_visibly():
+    v1 = delivery_key("a", "post", "t", {"text": "Hello"}, version=1)
+    assert v1 == delivery_key("a", "post", "t", {"text": "Hello"})
+    with pytest.raises(IdentityError):
+        delivery_key("a", "post", "t", {"text": "Hello"}, version=99)
+
+
+def test_a_normalizer_change_neither_splits_nor_merges_history(any_store, normalizer_v2):
+    import atmostonce.identity as ident
+
+    s = any_store.store
+    # an intent submitted under v1 (as if before the upgrade)
+    ident.NORMALIZER_VERSION = 1
+    old = s.submit("acct", "post", "t", {"text": "Hello"})
+    other = s.submit("acct", "post", "t", {"text": "HELLO"})  # v1 keeps these apart: two deliveries
+    assert old.normalizer_version == 1 and old.key != other.key
+    # after the upgrade to v2 the same request finds the v1 intent: no split
+    ident.NORMALIZER_VERSION = 2
+    again = s.submit("acct", "post", "t", {"text": "Hello"})
+    assert again.key == old.key and again.normalizer_version == 1
+    # and v2's merging of "HELLO" with "Hello" does not merge the two existing intents
+    assert s.submit("acct", "post", "t", {"text": "HELLO"}).key in (old.key, other.key)
+    assert len(s.list_intents()) == 2
+    # a genuinely new request is keyed under v2 and records it
+    fresh = s.submit("acct", "post", "t", {"text": "New words"})
+    assert fresh.normalizer_version == 2
+    assert fresh.key == delivery_key("acct", "post", "t", {"text": "New words"}, version=2)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet="abcxyz", max_size=5), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    account=st.text(alphabet="abcdef-", min_size=1, max_size=8),
+    kind=st.sampled_from(["post", "like", "reply"]),
+    request=st.dictionaries(st.text(alphabet="abctext", min_size=1, max_size=6), json_values, max_size=5),
+)
+def test_model_and_sqlite_compute_the_same_identities_on_a_generated_corpus(sqlite_databases, account, kind, request):
+    from atmostonce import MemoryStore
+    from atmostonce_sql import open_store
+
+    url = sqlite_databases.fresh()
+    store = open_store(url, migrate=False, pool_size=1)
+    try:
+        a = MemoryStore().submit(account, kind, "target", request)
+        b = store.submit(account, kind, "target", request)
+        assert (a.key, a.request_digest, a.text_hash, dict(a.request)) == (
+            b.key,
+            b.request_digest,
+            b.text_hash,
+            dict(b.request),
+        )
+        assert store.get(b.key).request_digest == request_digest(dict(store.get(b.key).request))
+    finally:
+        store.close()
+        sqlite_databases.drop(url)

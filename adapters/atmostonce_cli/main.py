@@ -80,6 +80,24 @@ def cmd_demo(args) -> int:
         raise IntakeError("--crash-rate is a probability between 0 and 1")
     if args.timeout <= 0:
         raise IntakeError("--timeout must be a positive number of seconds")
+    if args.platform == "matrix":
+        from atmostonce_matrix.demo import format_matrix_result, run_matrix_demo
+        from atmostonce_matrix.synapse import SynapseError
+
+        try:
+            mresult = run_matrix_demo(
+                n=args.intents,
+                workers=args.workers,
+                database_url=args.database_url,
+                seed=args.seed,
+                crash_rate=args.crash_rate,
+                timeout=args.timeout,
+                progress=None if args.json else sys.stderr,
+            )
+        except SynapseError as exc:
+            return _fail(args, f"platform error: {exc}", {"platform_error": str(exc)}, EXIT_STORE)
+        _emit(args, mresult.as_dict(), format_matrix_result(mresult))
+        return EXIT_OK if mresult.ok and mresult.finished else EXIT_REFUSED
     result = run_demo(
         n=args.intents,
         workers=args.workers,
@@ -309,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--crash-rate", type=float, default=0.03, help="probability of a crash at each step boundary")
     d.add_argument("--timeout", type=float, default=180.0, help="seconds before giving up on open intents")
     d.add_argument("--database-url", help="run on this (empty) database instead of a fresh SQLite file")
+    d.add_argument(
+        "--platform",
+        choices=["sink", "matrix"],
+        default="sink",
+        help="sink: the in-process HTTP sink; matrix: a local Synapse behind a fault proxy (needs the test extras)",
+    )
     d.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     d.set_defaults(func=cmd_demo)
 

@@ -204,6 +204,11 @@ class SqlStore(Operations):
         return out
 
     def _create(self, sub: Submission) -> tuple[Intent, bool]:
+        if sub.earlier_keys:  # the same delivery keyed by an older normalizer: found, never duplicated
+            with self._tx() as conn:
+                row = conn.execute(sa.select(intents).where(intents.c.key.in_(sub.earlier_keys))).mappings().first()
+            if row is not None:
+                return self._intent(row), False
         stmts = self._creation_statements()
         params = {f"p_{name}": getattr(sub, name) for name in self._SUBMITTED if name != "request"}
         params |= {
@@ -225,7 +230,7 @@ class SqlStore(Operations):
             conn.execute(stmts["history"], params)
             return self._intent(row), True
 
-    # -- statements: built once per event (and set of ablated guards), executed with parameters --
+    # -- statements: built once per event (and set of disabled guards), executed with parameters --
     def _params(self, ev, key: str, args: Mapping[str, Any], conn: Connection) -> dict[str, Any]:
         params: dict[str, Any] = {name: args.get(name) for name in PARAMS}
         params["fenced"] = args.get("fenced") is True

@@ -32,6 +32,7 @@ from typing import Any, NewType
 import rfc8785
 
 __all__ = [
+    "NORMALIZERS",
     "NORMALIZER_VERSION",
     "AttemptToken",
     "ClaimId",
@@ -83,8 +84,8 @@ def _check_text(s: str, what: str) -> None:
         raise IdentityError(f"{what} contains a lone surrogate at index {exc.start}") from exc
 
 
-def normalize_text(text: str, version: int = NORMALIZER_VERSION) -> str:
-    """Normalize text for comparison and hashing (version 1).
+def normalize_text(text: str, version: int | None = None) -> str:
+    """Normalize text for comparison and hashing with normalizer ``version`` (default: the current one).
 
     v1 rules, in order: Unicode NFC; invisible characters (zero-width space,
     BOM, soft hyphen, word joiner) are dropped; CRLF and lone CR become LF;
@@ -96,8 +97,17 @@ def normalize_text(text: str, version: int = NORMALIZER_VERSION) -> str:
 
     Raises :class:`IdentityError` for NUL bytes, lone surrogates, or an unknown version.
     """
-    if version != 1:
+    version = NORMALIZER_VERSION if version is None else version
+    fn = NORMALIZERS.get(version)
+    if fn is None:
         raise IdentityError(f"unknown normalizer version {version}")
+    if not isinstance(text, str):
+        raise IdentityError(f"text must be str, not {type(text).__name__}")
+    _check_text(text, "text")
+    return fn(text)
+
+
+def _normalize_v1(text: str) -> str:
     if not isinstance(text, str):
         raise IdentityError(f"text must be str, not {type(text).__name__}")
     _check_text(text, "text")
@@ -157,7 +167,7 @@ _SAFE_INT = 2**53
 def _parse_int(text: str) -> int | float:
     n = int(text)
     # RFC 8785 writes large floats (1e16) without an exponent; integers that big are refused on the way in
-    return float(n) if abs(n) > _SAFE_INT else n
+    return float(n) if abs(n) >= _SAFE_INT else n
 
 
 def load_canonical(raw: str | bytes) -> Any:
@@ -170,17 +180,24 @@ def digest_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _identity(domain: str, *parts: Any) -> str:
-    return digest_bytes(canonical_json([domain, NORMALIZER_VERSION, *parts]))
+def _identity(domain: str, version: int, *parts: Any) -> str:
+    return digest_bytes(canonical_json([domain, version, *parts]))
 
 
-def _normalize_projection(v: Any) -> Any:
+def _version(version: int | None) -> int:
+    v = NORMALIZER_VERSION if version is None else version
+    if v not in NORMALIZERS:
+        raise IdentityError(f"unknown normalizer version {v}")
+    return v
+
+
+def _normalize_projection(v: Any, version: int) -> Any:
     if isinstance(v, str):
-        return normalize_text(v)
+        return normalize_text(v, version)
     if isinstance(v, dict):
-        return {k: _normalize_projection(x) for k, x in v.items()}
+        return {k: _normalize_projection(x, version) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_normalize_projection(x) for x in v]
+        return [_normalize_projection(x, version) for x in v]
     return v
 
 
@@ -190,7 +207,9 @@ def _require(name: str, value: str) -> None:
     _check_text(value, name)
 
 
-def delivery_key(account: str, action_kind: str, target: str, projection: Any) -> DeliveryKey:
+def delivery_key(
+    account: str, action_kind: str, target: str, projection: Any, *, version: int | None = None
+) -> DeliveryKey:
     """Stable key of one logical delivery (seed 004, "Two rows, not one").
 
     ``projection`` is the canonical request you will send (JSON-like); its
@@ -201,8 +220,9 @@ def delivery_key(account: str, action_kind: str, target: str, projection: Any) -
     _require("account", account)
     _require("action_kind", action_kind)
     _require("target", target)
+    v = _version(version)
     return DeliveryKey(
-        _identity("atmostonce/delivery-key", account, action_kind, target, _normalize_projection(projection))
+        _identity("atmostonce/delivery-key", v, account, action_kind, target, _normalize_projection(projection, v))
     )
 
 
@@ -214,21 +234,24 @@ def request_digest(wire: Any) -> str:
     return digest_bytes(canonical_json(wire))
 
 
-def source_version(source_id: str, body: str) -> SourceVersion:
+def source_version(source_id: str, body: str, *, version: int | None = None) -> SourceVersion:
     """Identity of one version of a source: stable id plus normalized visible body (seed 004)."""
     _require("source_id", source_id)
-    return SourceVersion(_identity("atmostonce/source-version", source_id, normalize_text(body)))
+    v = _version(version)
+    return SourceVersion(_identity("atmostonce/source-version", v, source_id, normalize_text(body, v)))
 
 
-def claim_id(version: SourceVersion, content: Any) -> ClaimId:
+def claim_id(source: SourceVersion, content: Any, *, version: int | None = None) -> ClaimId:
     """Identity of a claim: the source version it rests on plus its own normalized content."""
-    _require("source version", version)
-    return ClaimId(_identity("atmostonce/claim", version, _normalize_projection(content)))
+    _require("source version", source)
+    v = _version(version)
+    return ClaimId(_identity("atmostonce/claim", v, source, _normalize_projection(content, v)))
 
 
-def text_digest(text: str) -> str:
+def text_digest(text: str, *, version: int | None = None) -> str:
     """Digest of normalized text for the duplicate-text window (seed 004 M6); versioned like every identity."""
-    return _identity("atmostonce/text", normalize_text(text))
+    v = _version(version)
+    return _identity("atmostonce/text", v, normalize_text(text, v))
 
 
 def raw_digest(raw: bytes) -> str:
@@ -239,3 +262,9 @@ def raw_digest(raw: bytes) -> str:
 def attempt_token() -> AttemptToken:
     """A fresh random attempt token (128 bits, 32 hex characters)."""
     return AttemptToken(secrets.token_hex(16))
+
+
+NORMALIZERS: dict[int, Any] = {1: _normalize_v1}
+"""Every normalizer still recognized, by version. A new version is added beside the old ones, never
+over them: ``prepare_submission`` looks an intent up under every older version's key too, so a
+normalizer change neither splits one delivery into two keys nor merges two deliveries into one."""

@@ -132,8 +132,9 @@ class MemoryStore(Operations):
     # -- primitives -----------------------------------------------------------------------
     def _create(self, sub: Submission) -> tuple[Intent, bool]:
         with self._lock:
-            if sub.key in self._rows:
-                return self._intent(self._rows[sub.key]), False
+            for key in (sub.key, *sub.earlier_keys):
+                if key in self._rows:
+                    return self._intent(self._rows[key]), False
             now = self.now()
             row = {
                 "key": sub.key,

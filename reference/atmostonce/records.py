@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import IntakeError
+from . import identity
 from .identity import (
     NORMALIZER_VERSION,
     DeliveryKey,
@@ -170,6 +171,7 @@ class Submission:
     max_reconciles: int
     normalizer_version: int = NORMALIZER_VERSION
     text_hash: str | None = None
+    earlier_keys: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -237,6 +239,13 @@ def prepare_submission(
         max_attempts=_positive_int("max_attempts", max_attempts),
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
         text_hash=text_digest(stored[text_field]) if isinstance(stored.get(text_field), str) else None,
+        normalizer_version=identity.NORMALIZER_VERSION,
+        # the same delivery under each older normalizer still recognized: found, never duplicated
+        earlier_keys=tuple(
+            delivery_key(account, action_kind, target, stored, version=v)
+            for v in sorted(identity.NORMALIZERS)
+            if v < identity.NORMALIZER_VERSION
+        ),
     )
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import AtMostOnceError, GuardRefused, Rejected
 from .identity import request_digest
-from .records import Intent
+from .records import Intent, Lease
 from .store import Store
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
@@ -134,22 +134,25 @@ class Dispatcher:
         self._point("after_authorize")
         result = self.transport.send(wire)
         self._point("after_send")
-        if isinstance(result, NotSent):
-            self.store.record_not_sent(lease, reason=result.reason)
-            return result.outcome
-        if isinstance(result, Unknown):
-            self.store.record_unknown(lease, reason=result.reason)
+        if isinstance(result, (NotSent, Unknown)):
+            # the outcome table names the move that records it (send.not_sent -> record_not_sent, ...)
+            self._record(result.outcome, lease, reason=result.reason)
             return result.outcome
         assert isinstance(result, Sent), result
-        self.store.record_success(lease, remote_id=result.remote_id, response_digest=result.response_digest)
+        self._record(result.outcome, lease, remote_id=result.remote_id, response_digest=result.response_digest)
         self._point("after_record_success")
         rb = self.transport.read_back(result.remote_id)
         if isinstance(rb, Found) and self.transport.matches(wire, rb):
-            self.store.confirm_read_back(lease)
+            self._record("read_back.match", lease)
             return "read_back.match"
         reason = "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
-        self.store.read_back_failed(lease, reason=reason)
+        self._record(reason, lease, reason=reason)
         return reason
+
+    def _record(self, outcome: str, lease: Lease, **kw: Any) -> Intent:
+        """Record ``outcome`` with the event the table maps it to."""
+        event = self.store.table.outcomes[outcome].event
+        return getattr(self.store, event)(lease, **kw)
 
 
 @dataclass

@@ -1,0 +1,76 @@
+"""pytest plugin used only by ``mutation/ablate.py``: switches one ablation on for one test run.
+
+Loaded explicitly with ``-p mutation.ablation_plugin --ablate=LAYER:KIND:NAME``. It lives outside the
+shipped packages (the wheel has no ``mutation`` package), and nothing in the library reads an
+environment variable or setting to disable a guard: the hooks are private attributes set here.
+
+LAYER: ``model``, ``sqlite``, ``postgresql`` or ``runtime``. KIND and NAME:
+
+* ``guard:<guard>``: the guard is left out of that layer's evaluation (model predicate or SQL fragment);
+* ``source:<event>/<state>``: the state is removed from the event's source states in that layer;
+* ``outcome:<outcome>=<event>``: the runtime records ``outcome`` with ``event`` instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--ablate", default=None, help="LAYER:KIND:NAME (see mutation/ablate.py)")
+
+
+def _table_without_source(event: str, state: str):
+    from atmostonce.table import table
+
+    t = table()
+    ev = t.events[event]
+    events = dict(t.events)
+    events[event] = dataclasses.replace(ev, sources=tuple(s for s in ev.sources if s != state))
+    return dataclasses.replace(t, events=MappingProxyType(events))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec = config.getoption("--ablate")
+    if not spec:
+        return
+    layer, kind, name = spec.split(":", 2)
+    mp = pytest.MonkeyPatch()
+    config.add_cleanup(mp.undo)
+
+    if kind == "outcome":
+        from atmostonce.runtime import Dispatcher
+
+        outcome, event = name.split("=", 1)
+        original = Dispatcher._record
+
+        def _record(self, out, lease, **kw):
+            if out == outcome:
+                return getattr(self.store, event)(lease, **kw)
+            return original(self, out, lease, **kw)
+
+        mp.setattr(Dispatcher, "_record", _record)
+        return
+
+    if layer == "model":
+        from atmostonce.model import MemoryStore as cls
+    else:
+        from atmostonce_sql.store import SqlStore as cls
+    original_init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        if kind == "source" and layer == "model":
+            kwargs["table"] = _table_without_source(*name.split("/", 1))
+        original_init(self, *args, **kwargs)
+        if layer != "model" and self.dialect != layer:
+            return
+        if kind == "guard":
+            self._disabled_guards = frozenset({name})
+        elif kind == "source" and layer != "model":
+            self.table = _table_without_source(*name.split("/", 1))
+            self._cache.clear()
+
+    mp.setattr(cls, "__init__", __init__)
