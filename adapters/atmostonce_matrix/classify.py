@@ -53,7 +53,7 @@ __all__ = [
     "parse_matrix_outcomes",
 ]
 
-LOCAL_KINDS = ("outside_resend_window", "journal_unwritable", "not_logged_in")
+LOCAL_KINDS = ("outside_resend_window", "sent_by_another_device", "journal_unwritable", "not_logged_in")
 """Refusals the transport decides before any byte leaves; the table must have exactly these ``[local]`` rows."""
 
 

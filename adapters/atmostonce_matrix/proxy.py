@@ -18,8 +18,8 @@ Modes (:data:`MODES`):
   homeserver's complete response, then close the client connection without
   relaying it. The event exists; the client sees a disconnect: unknown.
 * ``delay``: hold the whole request ``seconds`` (set it past the client's
-  read timeout), then forward it and relay the response if the client is
-  still there. The client times out first; the event appears *later*, which
+  read timeout) or until :meth:`FaultProxy.release`, then forward it and
+  relay the response if the client is still there. The client times out first; the event appears *later*, which
   is why a history lookup that finds nothing proves nothing.
 * ``reset``: forward only the request head (the homeserver gets an
   incomplete request and discards it), then reset both connections (RST via
@@ -180,6 +180,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._active = 0
+        self._releases = 0
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -210,6 +211,8 @@ class FaultProxy:
     def close(self) -> None:
         """Stop accepting, drop live connections, and join the accept thread. Idempotent."""
         self._stop.set()
+        with self._idle:
+            self._idle.notify_all()  # held requests give up
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self._listener is not None:
@@ -270,6 +273,22 @@ class FaultProxy:
                         return Plan(mode)
                     x -= prob
         return Plan("pass")
+
+    def release(self) -> None:
+        """Let every request held by a ``delay`` plan go on now (held ones only; later plans hold again)."""
+        with self._idle:
+            self._releases += 1
+            self._idle.notify_all()
+
+    def _hold(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        with self._idle:
+            generation = self._releases
+            while not self._stop.is_set() and self._releases == generation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._idle.wait(left)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Wait until no connection is being handled; ``False`` on timeout."""
@@ -335,7 +354,7 @@ class FaultProxy:
                 _close(client)
                 return
             if plan.mode == "delay":
-                self._stop.wait(plan.seconds if plan.seconds is not None else self.delay_seconds)
+                self._hold(plan.seconds if plan.seconds is not None else self.delay_seconds)
                 if self._stop.is_set():
                     return
             up = self._connect_upstream()

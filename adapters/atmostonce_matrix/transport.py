@@ -26,8 +26,9 @@ decisions, in short (docs/matrix.md has the long form):
   time it sent each txnId (``<state>.txns``, one JSON line, fsynced before
   the bytes leave) and **refuses** to send a txnId again once that time is
   older than the window: :class:`NotSent` with row
-  ``local:outside_resend_window``, no byte sent. :meth:`resend_status` tells
-  an operator the same before they act.
+  ``local:outside_resend_window``, no byte sent; likewise a txnId that another
+  device first sent (``local:sent_by_another_device``: a lost state file).
+  :meth:`resend_status` tells an operator the same before they act.
 * **Fenced: no.** A lookup pages room history (``/messages``, newest first,
   filtered to this sender and event type) and stops after
   :attr:`MatrixConfig.lookup_max_events` events. Finding nothing proves
@@ -204,20 +205,31 @@ class MatrixConfig:
 class ResendStatus:
     """Whether sending ``txn_id`` now would be deduplicated against its first send.
 
-    ``first_sent_at`` is wall-clock seconds (``None``: never sent by this
-    device, so a send is a first send); ``within_window`` is ``True`` when a
-    send is allowed (never sent, or first sent less than ``window_seconds`` ago).
+    ``first_sent_at`` is wall-clock seconds and ``first_device_id`` the device
+    that first sent it (both ``None``: never sent, so a send is a first send).
+    :attr:`may_send` is what :meth:`MatrixTransport.send` enforces.
     """
 
     txn_id: str
     device_id: str
     first_sent_at: float | None
+    first_device_id: str | None
     age_seconds: float | None
     window_seconds: float
 
     @property
     def within_window(self) -> bool:
+        """Never sent, or first sent no longer than ``window_seconds`` ago."""
         return self.age_seconds is None or self.age_seconds <= self.window_seconds
+
+    @property
+    def same_device(self) -> bool:
+        return self.first_device_id is None or self.first_device_id == self.device_id
+
+    @property
+    def may_send(self) -> bool:
+        """A first send, or a resend that Synapse will answer with the existing event."""
+        return self.first_sent_at is None or (self.same_device and self.within_window)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -227,6 +239,12 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def _event_id(value: Any) -> str | None:
@@ -287,7 +305,9 @@ class MatrixTransport:
             self._acquire_state_lock()
             self._state = self._load_or_create_state()
             self._journal = self._load_journal()
-            self._journal_file = open(self.journal_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self._journal_file = open(self.journal_path, "a", encoding="utf-8")  # closed in close()
+            if self._journal_file.tell() and not _ends_with_newline(self.journal_path):
+                self._journal_file.write("\n")  # end a line torn by a crash, so the next record stands alone
             self.login()
         except BaseException:
             self.close()
@@ -296,7 +316,7 @@ class MatrixTransport:
     # ---------------------------------------------------------------- state file and journal
     def _acquire_state_lock(self) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(str(self.state_path) + ".lock", "a+")  # noqa: SIM115 - held until close()
+        f = open(str(self.state_path) + ".lock", "a+")  # held until close()
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -336,8 +356,10 @@ class MatrixTransport:
         self._write_state(state)
         return state
 
-    def _load_journal(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _load_journal(self) -> dict[str, tuple[float, str]]:
+        """txnId -> (first send time, device). Lines of other devices are kept: a txnId first sent by
+        another device (a lost or replaced state file) cannot be deduplicated by this one."""
+        out: dict[str, tuple[float, str]] = {}
         if not self.journal_path.exists():
             return out
         with open(self.journal_path, encoding="utf-8") as f:
@@ -351,8 +373,8 @@ class MatrixTransport:
                 except (ValueError, KeyError, TypeError):
                     # a torn last line from a crash mid-append: the send after it never happened
                     continue
-                if device == self._state["device_id"] and txn not in out:
-                    out[txn] = at
+                if txn not in out:
+                    out[txn] = (at, str(device))
         return out
 
     def _journal_first_send(self, txn: str, at: float) -> None:
@@ -451,9 +473,15 @@ class MatrixTransport:
         """Whether a send of this key and epoch is inside the declared window (see :class:`ResendStatus`)."""
         txn = WireRequest(body={}, delivery_key=delivery_key, resend_epoch=resend_epoch).idempotency_key
         with self._journal_lock:
-            first = self._journal.get(txn)
-        age = None if first is None else max(0.0, self._clock() - first)
-        return ResendStatus(txn, self.device_id, first, age, self.config.resend_window_seconds)
+            return self._status(txn)
+
+    def _status(self, txn: str) -> ResendStatus:
+        first = self._journal.get(txn)
+        if first is None:
+            return ResendStatus(txn, self.device_id, None, None, None, self.config.resend_window_seconds)
+        at, device = first
+        age = max(0.0, self._clock() - at)
+        return ResendStatus(txn, self.device_id, at, device, age, self.config.resend_window_seconds)
 
     def _result(self, c: Classification, detail: str, event_id: str | None = None, digest: str | None = None):
         if c.outcome == "success" and event_id is not None:
@@ -466,8 +494,9 @@ class MatrixTransport:
         """PUT the event once under ``txn_id(request)`` and classify the result; never raises for a
         network or HTTP failure.
 
-        Before any byte: a txnId first sent longer ago than the resend window is
-        refused (``local:outside_resend_window``); a first send is journalled
+        Before any byte: a txnId first sent by another device is refused
+        (``local:sent_by_another_device``), one first sent longer ago than the
+        resend window too (``local:outside_resend_window``); a first send is journalled
         (fsync) or refused (``local:journal_unwritable``); without a token the
         transport logs in (``local:not_logged_in`` if that fails).
         """
@@ -487,20 +516,25 @@ class MatrixTransport:
         except MatrixTransportError as exc:
             return self._result(self._table.for_local("not_logged_in"), str(exc))
         with self._journal_lock:
-            now = self._clock()
-            first = self._journal.get(txn)
-            if first is not None and now - first > self.config.resend_window_seconds:
+            status = self._status(txn)
+            if not status.same_device:
+                return self._result(
+                    self._table.for_local("sent_by_another_device"),
+                    f"txnId {txn} was first sent by device {status.first_device_id}, this is {self.device_id}",
+                )
+            if not status.within_window:
                 return self._result(
                     self._table.for_local("outside_resend_window"),
-                    f"txnId {txn} was first sent {now - first:.0f} s ago by device {self.device_id}; "
+                    f"txnId {txn} was first sent {status.age_seconds:.0f} s ago by device {self.device_id}; "
                     f"the declared resend window is {self.config.resend_window_seconds:.0f} s",
                 )
-            if first is None:
+            if status.first_sent_at is None:
+                now = self._clock()
                 try:
                     self._journal_first_send(txn, now)
                 except (OSError, ValueError) as exc:
                     return self._result(self._table.for_local("journal_unwritable"), f"{type(exc).__name__}: {exc}")
-                self._journal[txn] = now
+                self._journal[txn] = (now, self.device_id)
         try:
             response = self._client.put(url, content=data, headers=headers)
         except Exception as exc:  # classified by the table; anything unrecognised is "other" -> unknown
@@ -547,7 +581,9 @@ class MatrixTransport:
         sender or room. Raises :class:`MatrixTransportError` on a network
         failure or another status.
         """
-        response, doc = self._get(f"/_matrix/client/v3/rooms/{self._room}/event/{quote(remote_id, safe='')}", "read-back")
+        response, doc = self._get(
+            f"/_matrix/client/v3/rooms/{self._room}/event/{quote(remote_id, safe='')}", "read-back"
+        )
         if response.status_code == 200:
             return Found(remote_id, dict(doc["content"]) if self._ours(doc) else None)
         if response.status_code == 404:

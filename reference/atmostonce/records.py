@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import IntakeError
 from . import identity
+from .errors import IntakeError
 from .identity import (
     NORMALIZER_VERSION,
     DeliveryKey,

@@ -176,7 +176,9 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
         **_opt(a, "send_lease_seconds", "descriptor", "credential_version", "platform", "contract_version"),
     ),
     "block_at_gate": lambda s, a: s.block_at_gate(_lease(a), reason=a.get("reason", "gate.blocked")),
-    "record_success": lambda s, a: s.record_success(_lease(a), remote_id=a.get("remote_id"), **_opt(a, "response_digest")),
+    "record_success": lambda s, a: s.record_success(
+        _lease(a), remote_id=a.get("remote_id"), **_opt(a, "response_digest")
+    ),
     "confirm_read_back": lambda s, a: s.confirm_read_back(_lease(a)),
     "read_back_failed": lambda s, a: s.read_back_failed(_lease(a), reason=a.get("reason", "read_back.not_found")),
     "record_not_sent": lambda s, a: s.record_not_sent(_lease(a), reason=a.get("reason", "connect refused")),
@@ -208,7 +210,9 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
     ),
     "set_credential_version": lambda s, a: _none(s.set_credential_version(a.get("account"), a.get("version"))),
     "set_contract_version": lambda s, a: _none(s.set_contract_version(a.get("platform"), a.get("version"))),
-    "declare_restore": lambda s, a: dict(zip(("epoch", "fenced"), s.declare_restore(operator=a.get("operator")), strict=True)),
+    "declare_restore": lambda s, a: dict(
+        zip(("epoch", "fenced"), s.declare_restore(operator=a.get("operator")), strict=True)
+    ),
     "current_epoch": lambda s, a: {"epoch": s.current_epoch()},
 }
 
@@ -338,7 +342,8 @@ def _refusal_or_error(fn: Callable[[], Any]) -> dict[str, Any]:
 
 class StoreDriver(Driver):
     """Runs cases against a Python store. ``factory()`` returns a fresh :class:`Implementation`
-    (or a ``StoreUnderTest``): an empty store, its clock hook and its cleanup.
+    (or a ``StoreUnderTest``): an empty store, its clock hook and its cleanup. ``first``: an
+    implementation already built by that factory, used by the first ``reset()``.
 
     ``features`` defaults to ``{"store", "runtime"}``: the runtime operations run
     ``atmostonce.runtime`` against a scripted platform over the same store.
@@ -350,12 +355,14 @@ class StoreDriver(Driver):
         *,
         name: str | None = None,
         features: frozenset[str] | set[str] | None = None,
+        first: Any = None,
     ):
         self.factory = factory
         self.name = name or getattr(factory, "__qualname__", "store")
         self.features = frozenset(features if features is not None else {"store", "runtime"})
         self._impl: Any = None
         self._runtime: RuntimeHarness | None = None
+        self._first = first  # an implementation the caller already built: used by the first reset()
 
     @property
     def store(self) -> Any:
@@ -365,7 +372,7 @@ class StoreDriver(Driver):
 
     def reset(self) -> None:
         self._release()
-        impl = self.factory()
+        impl, self._first = (self._first if self._first is not None else self.factory()), None
         if not (hasattr(impl, "store") and callable(getattr(impl, "advance", None))):
             raise DriverError(
                 f"the factory returned {type(impl).__name__}; it must return an Implementation "
@@ -400,6 +407,10 @@ class StoreDriver(Driver):
 
     def close(self) -> None:
         self._release()
+        if self._first is not None:
+            first, self._first = self._first, None
+            if callable(getattr(first, "close", None)):
+                first.close()
 
 
 # ------------------------------------------------------------------------------ JSON lines
