@@ -1,0 +1,252 @@
+"""The main job against a real homeserver: N intents posted to a Synapse room through a fault proxy.
+
+The same job as :mod:`atmostonce_cli.demo` (workers that crash at step
+boundaries, the sweeper, the reconciler), with the platform replaced by a
+local Synapse (:class:`atmostonce_matrix.synapse.SynapseServer`) behind a
+:class:`atmostonce_matrix.proxy.FaultProxy` that drops, delays and resets
+sends. Synapse deduplicates a txnId only for the same device; a duplicate is
+counted from the room itself: every ``m.room.message`` event of the room is
+read back at the end and grouped by its ``org.atmostonce.delivery_key``.
+
+The history lookup is not fenced (docs/matrix.md), so an unknown send whose
+event never appeared ends ``parked`` for a person, never resent.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from atmostonce.errors import Rejected
+from atmostonce.runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
+from atmostonce_cli.demo import DemoResult, format_result
+from atmostonce_cli.stores import open_store_url
+
+from .proxy import FaultProxy
+from .synapse import SynapseServer
+from .transport import KEY_FIELD, MatrixConfig, MatrixTransport
+
+__all__ = ["MATRIX_FAULT_MIX", "MatrixDemoResult", "format_matrix_result", "run_matrix_demo"]
+
+MATRIX_FAULT_MIX = {
+    "drop_before_forward": 0.05,  # the homeserver never saw it: unknown, not found, parked
+    "drop_after_forward": 0.06,  # posted, answer lost: unknown, found, published
+    "delay": 0.04,  # held past the client's read timeout, lands later
+    "reset": 0.04,  # reset mid-request: unknown, nothing posted
+    "gateway_error": 0.04,  # posted, then a 502 from the proxy: unknown, found
+}
+"""Per send (``PUT``) probabilities of each proxy fault; the rest pass."""
+
+
+@dataclass
+class MatrixDemoResult(DemoResult):
+    """:class:`atmostonce_cli.demo.DemoResult` plus what the room holds.
+
+    ``creates`` counts events carrying a delivery key; ``events_in_room`` every
+    ``m.room.message`` event in the room; ``create_requests`` the sends the
+    proxy received.
+    """
+
+    events_in_room: int = 0
+    homeserver: str = ""
+    room_id: str = ""
+    device_id: str = ""
+
+
+class _Crasher:
+    def __init__(self, rate: float, seed: int):
+        self.rate, self.rng, self.lock, self.count = rate, random.Random(seed), threading.Lock(), 0
+
+    def __call__(self, point: str) -> None:
+        assert point in CRASH_POINTS
+        with self.lock:
+            hit = self.rng.random() < self.rate
+            self.count += hit
+        if hit:
+            raise SimulatedCrash(point)
+
+
+def _progress(out: TextIO, counts: dict[str, int], elapsed: float) -> None:
+    out.write(f"[{elapsed:6.1f}s] " + "  ".join(f"{k} {v:>4}" for k, v in counts.items()) + "\n")
+    out.flush()
+
+
+def run_matrix_demo(
+    n: int = 100,
+    workers: int = 4,
+    database_url: str | None = None,
+    seed: int = 1,
+    fault_mix: dict[str, float] | None = None,
+    crash_rate: float = 0.03,
+    timeout: float = 180.0,
+    progress: TextIO | None = sys.stderr,
+    progress_every: float = 1.0,
+    homeserver: SynapseServer | None = None,
+    read_timeout: float = 1.0,
+    delay_seconds: float = 1.5,
+) -> MatrixDemoResult:
+    """Run the job against Synapse; returns a :class:`MatrixDemoResult`. Times are seconds.
+
+    ``database_url``: an empty store (default: a fresh SQLite file in a
+    temporary folder, kept for inspection). ``homeserver``: a started
+    :class:`SynapseServer` to use (default: start one and stop it at the end).
+    ``read_timeout``: the transport's; ``delay_seconds``: how long the proxy
+    holds a delayed send (keep it above ``read_timeout``).
+
+    Raises ``ValueError`` for a bad argument or a non-empty database,
+    :class:`atmostonce_matrix.synapse.SynapseError` when Synapse cannot start.
+    """
+    if n < 1 or workers < 1:
+        raise ValueError("need at least one intent and one worker")
+    if not 0.0 <= crash_rate <= 1.0:
+        raise ValueError("crash_rate is a probability between 0 and 1")
+    tmp = Path(tempfile.mkdtemp(prefix="atmostonce-matrix-demo-"))
+    own_db = database_url is None
+    if database_url is None:
+        database_url = f"sqlite:///{tmp / 'demo.sqlite3'}"
+    store = open_store_url(database_url)
+    hs: SynapseServer | None = None
+    try:
+        existing = sum(store.count_by_state().values())
+        if existing:
+            raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
+        started = time.monotonic()
+        hs = homeserver if homeserver is not None else SynapseServer().start()
+        password = uuid.uuid4().hex
+        user = hs.register_user(f"demo-{uuid.uuid4().hex[:8]}", password)
+        room = hs.create_room(user.access_token, name="atmostonce demo")
+        result = _run(
+            store, hs, user.localpart, password, user.access_token, room, tmp, n, workers, seed,
+            fault_mix if fault_mix is not None else MATRIX_FAULT_MIX, crash_rate, timeout, progress,
+            progress_every, read_timeout, delay_seconds, started,
+        )  # fmt: skip
+        result.database = database_url if own_db else database_url.split("@")[-1]
+        return result
+    finally:
+        store.close()
+        if hs is not None and homeserver is None:
+            hs.stop()
+
+
+def _run(
+    store, hs, localpart, password, token, room, tmp, n, workers, seed, mix, crash_rate, timeout, progress,
+    progress_every, read_timeout, delay_seconds, started,
+) -> MatrixDemoResult:  # fmt: skip
+    run = uuid.uuid4().hex[:8]
+    config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5)
+    crasher = _Crasher(crash_rate, seed)
+    outcomes: Counter[str] = Counter()
+    olock = threading.Lock()
+
+    def on_result(key: str, result: Any) -> None:
+        if isinstance(result, str):
+            name = result
+        elif isinstance(result, Rejected):
+            name = f"refused:{result.event}:{result.guard}"
+        else:
+            name = f"crash:{result}" if isinstance(result, SimulatedCrash) else type(result).__name__
+        with olock:
+            outcomes[name] += 1
+
+    with FaultProxy("127.0.0.1", hs.port, delay_seconds=delay_seconds) as proxy:
+        cfg = MatrixConfig(
+            homeserver_url=proxy.url,
+            room_id=room,
+            user=localpart,
+            password=password,
+            state_path=str(tmp / "matrix-state.json"),
+            connect_timeout=2.0,
+            write_timeout=2.0,
+            read_timeout=read_timeout,
+        )
+        with MatrixTransport(cfg) as transport:
+            proxy.set_fault_mix(mix, seed=seed, match="PUT ")
+            keys = [
+                store.submit(
+                    f"demo-account-{i % 3}", "post", room, {"msgtype": "m.text", "body": f"demo post {i} of run {run}"}
+                ).key
+                for i in range(n)
+            ]
+            stop = threading.Event()
+            dispatcher = Dispatcher(store, transport, config, crash=crasher)
+            threads = [
+                Worker(dispatcher, lambda: store.claimable(32), stop=stop, on_result=on_result, seed=seed + i)
+                for i in range(workers)
+            ]
+            for t in threads:
+                t.start()
+            sweeper, reconciler = Sweeper(store, config), Reconciler(store, transport, config)
+            open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            finished, last = False, 0.0
+            while time.monotonic() - started < timeout:
+                time.sleep(0.1)
+                sweeper.tick()
+                for name, v in reconciler.run().items():
+                    with olock:
+                        outcomes[f"reconcile:{name}"] += v
+                counts = store.count_by_state()
+                if progress is not None and time.monotonic() - last >= progress_every:
+                    _progress(progress, counts, time.monotonic() - started)
+                    last = time.monotonic()
+                if all(counts[s] == 0 for s in open_kinds):
+                    finished = True
+                    break
+            stop.set()
+            for t in threads:
+                t.join(timeout=10)
+            proxy.clear()
+            proxy.wait_idle(timeout=delay_seconds + 10)  # a delayed send still in the proxy lands before we count
+            device_id = transport.device_id
+        counts = store.count_by_state()
+        if progress is not None:
+            _progress(progress, counts, time.monotonic() - started)
+        events = hs.room_messages(token, room)
+        by_key = Counter(e["content"].get(KEY_FIELD) for e in events if KEY_FIELD in e.get("content", {}))
+        finals = {k: store.get(k) for k in keys}
+
+        def on_room(it) -> bool:
+            return by_key.get(it.key, 0) > 0 or any(k.startswith(it.key + ".r") for k in by_key)
+
+        return MatrixDemoResult(
+            intents=len(keys),
+            by_state=counts,
+            creates=sum(by_key.values()),
+            create_requests=sum(1 for r in proxy.records if r.request_line.startswith("PUT ")),
+            duplicates=sum(c - 1 for c in by_key.values() if c > 1),
+            duplicate_keys=sorted(k for k, c in by_key.items() if c > 1),
+            published_without_object=sum(1 for it in finals.values() if it.state == "published" and not on_room(it)),
+            crashes=crasher.count,
+            outcomes=dict(sorted(outcomes.items())),
+            faults=dict(proxy.faults),
+            seconds=round(time.monotonic() - started, 2),
+            database="",
+            finished=finished,
+            parked_with_object=sum(1 for it in finals.values() if it.state == "parked" and on_room(it)),
+            events_in_room=len(events),
+            homeserver=f"Synapse at {hs.url} (through the fault proxy)",
+            room_id=room,
+            device_id=device_id,
+        )
+
+
+def format_matrix_result(r: MatrixDemoResult) -> str:
+    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the room's own count."""
+    # the sink's note on fenced writes does not apply here: this lookup is not fenced
+    lines = [line for line in format_result(r).splitlines() if not line.lstrip().startswith("(faults before the write")]
+    pad = len(lines[0]) - len(str(r.intents))  # the value column of format_result's table
+    extra = [
+        ("events in the Matrix room (m.room.message)", r.events_in_room),
+        ("homeserver", r.homeserver),
+        ("room", r.room_id),
+        ("publisher device", r.device_id),
+    ]
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("objects the platform created")), len(lines))
+    return "\n".join(lines[:at] + [f"{k:<{pad}}{v}" for k, v in extra] + lines[at:])
