@@ -38,7 +38,8 @@ def test_append_only_tables_refuse_tampering(sql_store, table, statement):
     sql_store.reconcile_not_found(plan)
     with pytest.raises(GuardRefused):  # a stale plan: refused and recorded in aom_refusals
         sql_store.reconcile_not_found(plan)
-    column = "opened_at" if table == "aom_attempts" else "recorded_at"
+    sql_store.capture_source("https://example.org/a", "a body")
+    column = {"aom_attempts": "opened_at", "aom_source_versions": "captured_at"}.get(table, "recorded_at")
     with sql_store.engine.connect() as conn:
         before = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
     assert before > 0

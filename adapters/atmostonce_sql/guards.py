@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from .schema import contracts, credentials, kill_switches, meta, text_claims
+from .schema import contracts, credentials, kill_switches, meta, sources, text_claims
 
 __all__ = ["PARAMS", "SQL_GUARDS", "SqlGuard"]
 
@@ -110,6 +110,11 @@ def text_window_clear(c, now):
     return sa.or_(c.text_hash.is_(None), ~clash)
 
 
+def source_is_head(c, now):
+    head = sa.select(sources.c.head_version).where(sources.c.source_id == c.source_id).scalar_subquery()
+    return sa.or_(c.source_version.is_(None), c.source_version == head)
+
+
 def no_remote_object(c, now):
     return c.remote_id.is_(None)
 
@@ -149,6 +154,7 @@ SQL_GUARDS: dict[str, SqlGuard] = {
         credential_current,
         contract_supported,
         text_window_clear,
+        source_is_head,
         no_remote_object,
         plan_unchanged,
         reconcile_budget_left,

@@ -24,6 +24,8 @@ __all__ = [
     "reconciliations",
     "refusals",
     "sequences",
+    "source_versions",
+    "sources",
 ]
 
 metadata = sa.MetaData()
@@ -57,6 +59,8 @@ intents = sa.Table(
     sa.Column("updated_at", sa.Float(53), nullable=False),
     sa.Column("epoch", sa.BigInteger, nullable=True),
     sa.Column("text_hash", sa.Text, nullable=True),
+    sa.Column("source_id", sa.Text, nullable=True),
+    sa.Column("source_version", sa.Text, nullable=True),
     sa.Index(
         "aom_intents_lease_due",
         "lease_expires_at",
@@ -173,6 +177,25 @@ text_claims = sa.Table(
     sqlite_autoincrement=True,
 )
 
+# Source chains (seed 004, "Recovery"): the head the store holds per source, and every version seen.
+sources = sa.Table(
+    "aom_sources",
+    metadata,
+    sa.Column("source_id", sa.Text, primary_key=True),
+    sa.Column("head_version", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Float(53), nullable=False),
+)
+source_versions = sa.Table(
+    "aom_source_versions",
+    metadata,
+    sa.Column("version", sa.Text, primary_key=True),
+    sa.Column("source_id", sa.Text, nullable=False),
+    sa.Column("supersedes", sa.Text, nullable=True),
+    sa.Column("raw_hash", sa.Text, nullable=True),
+    sa.Column("normalizer_version", sa.Integer, nullable=False),
+    sa.Column("captured_at", sa.Float(53), nullable=False),
+)
+
 # Refused stale writes (seed 003): who presented what, against what was current, and which event superseded it.
 refusals = sa.Table(
     "aom_refusals",
@@ -189,4 +212,11 @@ refusals = sa.Table(
     sqlite_autoincrement=True,
 )
 
-APPEND_ONLY_TABLES = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations", "aom_refusals")
+APPEND_ONLY_TABLES = (
+    "aom_attempts",
+    "aom_attempt_outcomes",
+    "aom_history",
+    "aom_reconciliations",
+    "aom_refusals",
+    "aom_source_versions",
+)

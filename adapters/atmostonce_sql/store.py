@@ -39,6 +39,7 @@ from atmostonce.records import (
     Intent,
     Reconciliation,
     Refusal,
+    SourceCapture,
     Submission,
     check_limit,
     check_text,
@@ -60,6 +61,8 @@ from .schema import (
     reconciliations,
     refusals,
     sequences,
+    source_versions,
+    sources,
     text_claims,
 )
 
@@ -170,6 +173,8 @@ class SqlStore(Operations):
         "max_reconciles",
         "normalizer_version",
         "text_hash",
+        "source_id",
+        "source_version",
     )
 
     def _creation_statements(self) -> dict[str, Any]:
@@ -469,6 +474,45 @@ class SqlStore(Operations):
                 )
             )
 
+    def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:
+        from atmostonce import identity
+
+        with self._tx() as conn:
+            head = conn.execute(
+                sa.select(sources.c.head_version).where(sources.c.source_id == source_id)
+            ).scalar_one_or_none()
+            if head == version:
+                return SourceCapture(source_id, version, False, None, raw_hash)
+            known = conn.execute(
+                sa.select(source_versions.c.version).where(source_versions.c.version == version)
+            ).scalar_one_or_none()
+            if known is None:
+                conn.execute(
+                    sa.insert(source_versions).values(
+                        version=version,
+                        source_id=source_id,
+                        supersedes=head,
+                        raw_hash=raw_hash,
+                        normalizer_version=identity.NORMALIZER_VERSION,
+                        captured_at=self._now,
+                    )
+                )
+            if head is None:
+                conn.execute(sa.insert(sources).values(source_id=source_id, head_version=version, updated_at=self._now))
+            else:
+                conn.execute(
+                    sa.update(sources)
+                    .where(sources.c.source_id == source_id, sources.c.head_version == head)
+                    .values(head_version=version, updated_at=self._now)
+                )
+            return SourceCapture(source_id, version, known is None, head, raw_hash)
+
+    def source_head(self, source_id: str) -> str | None:
+        with self._tx() as conn:
+            return conn.execute(
+                sa.select(sources.c.head_version).where(sources.c.source_id == source_id)
+            ).scalar_one_or_none()
+
     def refusals(self, key: str) -> list[Refusal]:
         q = sa.select(refusals).where(refusals.c.key == key).order_by(refusals.c.seq)
         with self._tx() as conn:
@@ -616,10 +660,16 @@ class SqlStore(Operations):
             return [self._intent(r) for r in conn.execute(q).mappings()]
 
     def claimable(self, limit: int = 100) -> list[str]:
-        """Keys of intents in the initial state with no open attempt (candidates for ``begin``)."""
+        """Keys of intents in the initial state with no open attempt whose source (if any) is still the
+        head: the freshness fence runs before any expensive work (candidates for ``begin``)."""
+        head = sa.select(sources.c.head_version).where(sources.c.source_id == intents.c.source_id).scalar_subquery()
         q = (
             sa.select(intents.c.key)
-            .where(intents.c.state == self.table.initial, intents.c.attempt_token.is_(None))
+            .where(
+                intents.c.state == self.table.initial,
+                intents.c.attempt_token.is_(None),
+                sa.or_(intents.c.source_version.is_(None), intents.c.source_version == head),
+            )
             .order_by(intents.c.created_at)
             .limit(limit)
         )

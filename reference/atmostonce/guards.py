@@ -28,6 +28,7 @@ class World(Protocol):
     contracts: Mapping[str, str]
     text_claims: list[dict[str, Any]]
     text_window_seconds: float
+    source_heads: Mapping[str, str]
 
 
 def no_open_attempt(row, args, now, world) -> bool:
@@ -98,6 +99,10 @@ def text_window_clear(row, args, now, world) -> bool:
     )
 
 
+def source_is_head(row, args, now, world) -> bool:
+    return row["source_version"] is None or world.source_heads.get(row["source_id"]) == row["source_version"]
+
+
 def no_remote_object(row, args, now, world) -> bool:
     return row["remote_id"] is None
 
@@ -137,6 +142,7 @@ GUARDS: dict[str, GuardFn] = {
         credential_current,
         contract_supported,
         text_window_clear,
+        source_is_head,
         no_remote_object,
         plan_unchanged,
         reconcile_budget_left,

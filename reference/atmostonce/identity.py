@@ -27,6 +27,7 @@ import math
 import re
 import secrets
 import unicodedata
+from html.parser import HTMLParser
 from typing import Any, NewType
 
 import rfc8785
@@ -50,6 +51,7 @@ __all__ = [
     "request_digest",
     "source_version",
     "text_digest",
+    "visible_text",
 ]
 
 NORMALIZER_VERSION = 1
@@ -252,6 +254,41 @@ def text_digest(text: str, *, version: int | None = None) -> str:
     """Digest of normalized text for the duplicate-text window (seed 004 M6); versioned like every identity."""
     v = _version(version)
     return _identity("atmostonce/text", v, normalize_text(text, v))
+
+
+class _Visible(HTMLParser):
+    _SKIP = {"script", "style", "noscript", "template", "head"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.depth = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self._SKIP:
+            self.depth += 1
+        elif tag in ("p", "br", "div", "li", "h1", "h2", "h3", "tr"):
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in self._SKIP and self.depth:
+            self.depth -= 1
+
+    def handle_data(self, data):
+        if not self.depth:
+            self.parts.append(data)
+
+
+def visible_text(html: str) -> str:
+    """The text a reader sees in an HTML page: scripts, styles, the head and comments dropped.
+
+    Page chrome that changes on every fetch (script tokens, timestamps in the head) then does not
+    mint a new source version (seed 004, "normalize before you hash").
+    """
+    parser = _Visible()
+    parser.feed(html)
+    parser.close()
+    return "".join(parser.parts)
 
 
 def raw_digest(raw: bytes) -> str:

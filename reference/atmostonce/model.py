@@ -25,7 +25,17 @@ from transitions import Machine
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
-from .records import Attempt, HistoryEntry, Intent, Reconciliation, Refusal, Submission, check_limit, check_text
+from .records import (
+    Attempt,
+    HistoryEntry,
+    Intent,
+    Reconciliation,
+    Refusal,
+    SourceCapture,
+    Submission,
+    check_limit,
+    check_text,
+)
 from .store import Operations
 from .table import Table
 from .table import table as default_table
@@ -122,6 +132,8 @@ class MemoryStore(Operations):
             self.contracts: dict[str, str] = {}
             self.text_claims: list[dict[str, Any]] = []
             self._refusals: list[Refusal] = []
+            self.source_heads: dict[str, str] = {}
+            self._source_versions: dict[str, dict[str, Any]] = {}
 
     def close(self) -> None:
         pass
@@ -159,6 +171,8 @@ class MemoryStore(Operations):
                 "updated_at": now,
                 "epoch": None,
                 "text_hash": sub.text_hash,
+                "source_id": sub.source_id,
+                "source_version": sub.source_version,
             }
             cell = _Cell(self.table.initial)
             self._machine.add_model(cell, initial=self.table.initial)
@@ -307,6 +321,21 @@ class MemoryStore(Operations):
                 )
             )
 
+    def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:
+        with self._lock:
+            head = self.source_heads.get(source_id)
+            if head == version:
+                return SourceCapture(source_id, version, False, None, raw_hash)
+            new = version not in self._source_versions
+            if new:
+                self._source_versions[version] = {"source_id": source_id, "supersedes": head, "raw_hash": raw_hash}
+            self.source_heads[source_id] = version
+            return SourceCapture(source_id, version, new, head, raw_hash)
+
+    def source_head(self, source_id: str) -> str | None:
+        with self._lock:
+            return self.source_heads.get(source_id)
+
     def refusals(self, key: str) -> list[Refusal]:
         with self._lock:
             return [copy.deepcopy(r) for r in self._refusals if r.key == key]
@@ -403,7 +432,13 @@ class MemoryStore(Operations):
     def claimable(self, limit: int = 100) -> list[str]:
         """Keys of intents in the initial state with no open attempt (candidates for ``begin``)."""
         with self._lock:
-            rows = [r for r in self._rows.values() if r["state"] == self.table.initial and r["attempt_token"] is None]
+            rows = [
+                r
+                for r in self._rows.values()
+                if r["state"] == self.table.initial
+                and r["attempt_token"] is None
+                and (r["source_version"] is None or self.source_heads.get(r["source_id"]) == r["source_version"])
+            ]
             rows.sort(key=lambda r: (r["created_at"], r["key"]))
             return [r["key"] for r in rows[:limit]]
 

@@ -36,6 +36,7 @@ __all__ = [
     "Plan",
     "Reconciliation",
     "Refusal",
+    "SourceCapture",
     "Submission",
     "check_json_object",
     "check_limit",
@@ -75,6 +76,8 @@ class Intent:
     updated_at: float
     epoch: int | None = None
     text_hash: str | None = None
+    source_id: str | None = None
+    source_version: str | None = None
 
     @property
     def plan(self) -> Plan:
@@ -157,6 +160,18 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class SourceCapture:
+    """The result of capturing a source: its version, whether that minted a new version, and the
+    stored head it superseded (``None`` for the first capture)."""
+
+    source_id: str
+    version: str
+    new_version: bool
+    supersedes: str | None
+    raw_hash: str | None
+
+
+@dataclass(frozen=True)
 class Submission:
     """Validated intake, ready to insert."""
 
@@ -171,6 +186,8 @@ class Submission:
     max_reconciles: int
     normalizer_version: int = NORMALIZER_VERSION
     text_hash: str | None = None
+    source_id: str | None = None
+    source_version: str | None = None
     earlier_keys: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -206,6 +223,7 @@ def prepare_submission(
     max_reconciles: int = DEFAULT_MAX_RECONCILES,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     text_field: str = "text",
+    source: tuple[str, str] | None = None,
 ) -> Submission:
     """Validate intake and compute the delivery key and request digest.
 
@@ -240,6 +258,8 @@ def prepare_submission(
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
         text_hash=text_digest(stored[text_field]) if isinstance(stored.get(text_field), str) else None,
         normalizer_version=identity.NORMALIZER_VERSION,
+        source_id=None if source is None else check_text("source id", source[0], max_chars=2048),
+        source_version=None if source is None else check_text("source version", source[1], max_chars=128),
         # the same delivery under each older normalizer still recognized: found, never duplicated
         earlier_keys=tuple(
             delivery_key(account, action_kind, target, stored, version=v)

@@ -108,6 +108,8 @@ class Dispatcher:
         before = self.store.get(key)
         if self.store.kill_switch_engaged(before.account):
             return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
+        if before.source_version is not None and self.store.source_head(before.source_id) != before.source_version:
+            return "gate.stale_source"  # the freshness fence: skipped before any expensive work
         lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
         self._point("after_begin")
         intent = self.store.get(key)

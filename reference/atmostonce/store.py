@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from . import identity
 from .errors import GuardRefused, IntakeError, Rejected
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
@@ -27,6 +28,7 @@ from .records import (
     Plan,
     Reconciliation,
     Refusal,
+    SourceCapture,
     Submission,
     check_json_object,
     check_text,
@@ -114,8 +116,13 @@ class Operations:
         *,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_reconciles: int = DEFAULT_MAX_RECONCILES,
+        source: tuple[str, str] | None = None,
     ) -> Intent:
         """Create the intent for this delivery, or return the existing one with the same key.
+
+        ``source`` is ``(source_id, version)`` when the intent rests on a captured source version
+        (see :meth:`capture_source`); it is then skipped before any spend, and refused at publish
+        time, once that version is no longer the head.
 
         Raises :class:`IntakeError` for bad input (see ``prepare_submission``); writes nothing then.
         """
@@ -127,8 +134,28 @@ class Operations:
             max_attempts=max_attempts,
             max_reconciles=max_reconciles,
             max_payload_bytes=self.max_payload_bytes,
+            source=source,
         )
         return self._create(sub)[0]
+
+    # -- sources (seed 004, "Recovery is the dangerous half") -----------------------------------
+    def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:  # pragma: no cover
+        raise NotImplementedError
+
+    def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture:
+        """Record a fetch of a source. A new version is stored only when the normalized visible body
+        changed; ``supersedes`` is whatever head the store holds (never a computed predecessor), so a
+        skipped or failed earlier capture does not jam the chain. ``raw`` is hashed for forensics only.
+        Raises ``IntakeError`` for bad input."""
+        check_text("source id", source_id, max_chars=2048)
+        if not isinstance(body, str):
+            raise IntakeError("body must be the source's visible text (str)")
+        try:
+            version = identity.source_version(source_id, body)
+        except identity.IdentityError as exc:
+            raise IntakeError(str(exc)) from exc
+        raw_hash = identity.raw_digest(raw) if isinstance(raw, (bytes, bytearray)) else None
+        return self._store_capture(source_id, version, raw_hash)
 
     # -- worker ---------------------------------------------------------------------------
     def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease:
@@ -345,5 +372,7 @@ class Store(Protocol):
     def set_credential_version(self, account: str, version: str | None) -> None: ...
     def set_contract_version(self, platform: str, version: str | None) -> None: ...
     def declare_restore(self, *, operator: str) -> tuple[int, int]: ...
+    def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture: ...
+    def source_head(self, source_id: str) -> str | None: ...
     def now(self) -> float: ...
     def close(self) -> None: ...

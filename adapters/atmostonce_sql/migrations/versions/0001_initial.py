@@ -15,13 +15,21 @@ depends_on = None
 
 JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 SEQ = sa.BigInteger().with_variant(sa.Integer, "sqlite")
-APPEND_ONLY = ("aom_attempts", "aom_attempt_outcomes", "aom_history", "aom_reconciliations", "aom_refusals")
+APPEND_ONLY = (
+    "aom_attempts",
+    "aom_attempt_outcomes",
+    "aom_history",
+    "aom_reconciliations",
+    "aom_refusals",
+    "aom_source_versions",
+)
 UNIQUE_COLUMNS = {
     "aom_attempts": (("attempt_token",), ("generation",), ("key", "number")),
     "aom_attempt_outcomes": (("seq",),),
     "aom_history": (("seq",),),
     "aom_reconciliations": (("seq",),),
     "aom_refusals": (("seq",),),
+    "aom_source_versions": (("version",),),
 }
 
 
@@ -53,6 +61,8 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.Float(53), nullable=False),
         sa.Column("epoch", sa.BigInteger, nullable=True),
         sa.Column("text_hash", sa.Text, nullable=True),
+        sa.Column("source_id", sa.Text, nullable=True),
+        sa.Column("source_version", sa.Text, nullable=True),
     )
     op.create_index(
         "aom_intents_lease_due",
@@ -106,6 +116,21 @@ def upgrade() -> None:
         sqlite_autoincrement=True,
     )
     op.create_index("aom_reconciliations_key_seq", "aom_reconciliations", ["key", "seq"])
+    op.create_table(
+        "aom_sources",
+        sa.Column("source_id", sa.Text, primary_key=True),
+        sa.Column("head_version", sa.Text, nullable=False),
+        sa.Column("updated_at", sa.Float(53), nullable=False),
+    )
+    op.create_table(
+        "aom_source_versions",
+        sa.Column("version", sa.Text, primary_key=True),
+        sa.Column("source_id", sa.Text, nullable=False),
+        sa.Column("supersedes", sa.Text, nullable=True),
+        sa.Column("raw_hash", sa.Text, nullable=True),
+        sa.Column("normalizer_version", sa.Integer, nullable=False),
+        sa.Column("captured_at", sa.Float(53), nullable=False),
+    )
     op.create_table(
         "aom_refusals",
         sa.Column("seq", SEQ, sa.Identity(), primary_key=True),
