@@ -7,7 +7,7 @@ import time
 import unicodedata
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atmostonce.identity import (
@@ -156,28 +156,37 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.mark.postgres
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     account=st.text(alphabet="abcdef-", min_size=1, max_size=8),
     kind=st.sampled_from(["post", "like", "reply"]),
     request=st.dictionaries(st.text(alphabet="abctext", min_size=1, max_size=6), json_values, max_size=5),
 )
-def test_model_and_sqlite_compute_the_same_identities_on_a_generated_corpus(sqlite_databases, account, kind, request):
+def test_model_and_both_sql_stores_compute_the_same_identities_on_a_generated_corpus(
+    corpus_stores, account, kind, request
+):
     from atmostonce import MemoryStore
-    from atmostonce_sql import open_store
 
-    url = sqlite_databases.fresh()
-    store = open_store(url, migrate=False, pool_size=1)
-    try:
-        a = MemoryStore().submit(account, kind, "target", request)
+    a = MemoryStore().submit(account, kind, "target", request)
+    for store in corpus_stores:
         b = store.submit(account, kind, "target", request)
         assert (a.key, a.request_digest, a.text_hash, dict(a.request)) == (
             b.key,
             b.request_digest,
             b.text_hash,
             dict(b.request),
-        )
+        ), store.dialect
         assert store.get(b.key).request_digest == request_digest(dict(store.get(b.key).request))
-    finally:
-        store.close()
-        sqlite_databases.drop(url)
+
+
+@pytest.fixture(scope="module")
+def corpus_stores(sqlite_databases, pg_databases):
+    from atmostonce_sql import open_store
+
+    urls = [sqlite_databases.fresh(), pg_databases.fresh()]
+    stores = [open_store(u, migrate=False, pool_size=1) for u in urls]
+    yield stores
+    for st_, dbs, u in zip(stores, (sqlite_databases, pg_databases), urls, strict=True):
+        st_.close()
+        dbs.drop(u)

@@ -309,6 +309,12 @@ def cmd_spec_check(args) -> int:
     return EXIT_REFUSED if problems else EXIT_OK
 
 
+def cmd_conformance(args) -> int:
+    from atmostonce.conformance import run_cli
+
+    return run_cli(args)
+
+
 # ---------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="atmostonce", description="Publish side effects at most once.")
@@ -408,6 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--table", help="a table file other than the shipped one")
     ck.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     ck.set_defaults(func=cmd_spec_check)
+
+    from atmostonce.conformance.cli import add_arguments
+
+    cf = add_arguments(sub.add_parser("conformance", help="run the conformance cases against an implementation"))
+    cf.set_defaults(func=cmd_conformance)
     return p
 
 

@@ -73,9 +73,27 @@ TRANSITION_OPS = (
     "resolve_not_sent",
     "resend",
 )
-READ_OPS = ("get", "history", "attempts", "reconciliations", "due_leases", "claimable", "count_by_state", "settings")
-POLICY_OPS = ("set_kill_switch", "set_credential_version", "set_contract_version", "declare_restore", "current_epoch")
-STORE_OPS = TRANSITION_OPS + READ_OPS + POLICY_OPS
+READ_OPS = (
+    "get",
+    "history",
+    "attempts",
+    "reconciliations",
+    "refusals",
+    "due_leases",
+    "claimable",
+    "count_by_state",
+    "settings",
+)
+WORLD_OPS = (
+    "set_kill_switch",
+    "set_credential_version",
+    "set_contract_version",
+    "declare_restore",
+    "current_epoch",
+    "capture_source",
+    "source_head",
+)
+STORE_OPS = TRANSITION_OPS + READ_OPS + WORLD_OPS
 """Operations every driver answers (feature ``store``)."""
 
 RUNTIME_OPS = ("configure_platform", "dispatch", "dispatch_pending", "sweep", "reconcile", "platform")
@@ -168,6 +186,7 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
         a.get("target"),
         a.get("request"),
         **_opt(a, "max_attempts", "max_reconciles"),
+        **({"source": tuple(a["source"])} if a.get("source") is not None else {}),
     ),
     "begin": lambda s, a: s.begin(a.get("key"), **_opt(a, "lease_seconds")),
     "authorize_dispatch": lambda s, a: s.authorize_dispatch(
@@ -201,6 +220,7 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
     "history": lambda s, a: _items(s.history(a.get("key"))),
     "attempts": lambda s, a: _items(s.attempts(a.get("key"))),
     "reconciliations": lambda s, a: _items(s.reconciliations(a.get("key"))),
+    "refusals": lambda s, a: _items(s.refusals(a.get("key"))),
     "due_leases": lambda s, a: _items(s.due_leases(a.get("limit", 1000))),
     "claimable": lambda s, a: _items(s.claimable(a.get("limit", 1000))),
     "count_by_state": lambda s, a: dict(s.count_by_state()),
@@ -214,6 +234,8 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
         zip(("epoch", "fenced"), s.declare_restore(operator=a.get("operator")), strict=True)
     ),
     "current_epoch": lambda s, a: {"epoch": s.current_epoch()},
+    "capture_source": lambda s, a: s.capture_source(a.get("source_id"), a.get("body")),
+    "source_head": lambda s, a: {"head": s.source_head(a.get("source_id"))},
 }
 
 

@@ -340,6 +340,29 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             if how == "unfenced_absent" or stale_plan:
                 assert m[0] != "ok", f"reconciler moved on no evidence ({how}, stale plan {stale_plan})"
 
+        # -- sources: captures, supersession, freshness ---------------------------------
+        @rule(body=st.sampled_from(["v-one", "v-one ", "v-two", "v-three"]))
+        def capture_source(self, body):
+            (m, cm), s = self.both(lambda st_, i: st_.capture_source("https://src/1", body))
+            assert m == "ok"
+            if s is not None:
+                assert (s[1].version, s[1].new_version, s[1].supersedes) == (cm.version, cm.new_version, cm.supersedes)
+
+        @precondition(lambda self: self.model.source_head("https://src/1") is not None)
+        @rule(text=st.sampled_from(["from source", "also from source"]))
+        def submit_from_source(self, text):
+            head = self.model.source_head("https://src/1")
+            src = ("https://src/1", head)
+            (m, mi), s = self.both(lambda st_, i: st_.submit("acct-a", "post", "t1", {"text": text}, source=src))
+            assert m == "ok"
+            if mi.key not in self.keys:
+                self.keys.append(mi.key)
+
+        @rule()
+        def claimable_agree(self):
+            if self.store is not None:
+                assert sorted(self.model.claimable(1000)) == sorted(self.store.claimable(1000)), "claimable differs"
+
         # -- the policy layer and restores --------------------------------------------
         @rule(scope=st.sampled_from(["global", "account:acct-a"]), engaged=st.booleans())
         def flip_kill_switch(self, scope, engaged):

@@ -1,0 +1,49 @@
+"""The conformance suite other implementations adopt (issue 9).
+
+* ``spec/conformance/*.json``: language-neutral cases, validated by ``case.schema.json``;
+  ``spec/conformance/pending/`` holds cases for features that do not exist yet (listed as not
+  applicable, never passed).
+* :mod:`.drivers`: the driver protocol, :class:`StoreDriver` (any Python store) and
+  :class:`SubprocessDriver` (any language, over JSON lines).
+* :mod:`.runner`: runs cases, reports per case grouped by seed rule, writes JUnit XML.
+* :mod:`.cli`: ``atmostonce conformance``; :mod:`.plugin`: ``pytest --atmostonce-impl``.
+
+See ``docs/conformance.md``.
+"""
+
+from .cases import Case, CaseError, cases_dir, load_cases, load_schema, validate_document
+from .cli import load_factory, run_cli
+from .drivers import (
+    RUNTIME_OPS,
+    STORE_OPS,
+    Driver,
+    DriverError,
+    Implementation,
+    ManualClock,
+    StoreDriver,
+    SubprocessDriver,
+)
+from .runner import CaseResult, Report, run_case, run_suite
+
+__all__ = [
+    "RUNTIME_OPS",
+    "STORE_OPS",
+    "Case",
+    "CaseError",
+    "CaseResult",
+    "Driver",
+    "DriverError",
+    "Implementation",
+    "ManualClock",
+    "Report",
+    "StoreDriver",
+    "SubprocessDriver",
+    "cases_dir",
+    "load_cases",
+    "load_factory",
+    "load_schema",
+    "run_case",
+    "run_cli",
+    "run_suite",
+    "validate_document",
+]
