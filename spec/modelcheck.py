@@ -1,0 +1,528 @@
+"""Run the Spin model check of the delivery-intent protocol (issue 10); see ``docs/formal.md``.
+
+``python spec/modelcheck.py`` generates the model from ``spec/table.toml`` (it must equal the
+committed ``spec/atmostonce.pml``), runs ``spin -a``, compiles ``pan`` with gcc and runs it for:
+
+* the model proper, in each configuration of :data:`CONFIGURATIONS` (zero errors expected);
+* one ablation per catalogued guard, the guard removed from every event: each must produce a
+  counterexample in some configuration, unless :data:`NOT_CAUGHT` names the guard with a reason
+  (then it must produce none);
+* the deliberately broken configuration (a machine retry of an unknown outcome), which must
+  produce a counterexample;
+* explorations (:data:`EXPLORATIONS`): configurations with known open findings, whose result is
+  recorded and compared like everything else.
+
+It reads each ``pan`` report (errors, states stored, transitions, depth, time; ``./pan`` exits 0
+even when it finds errors), replays every counterexample with ``spin -t -p`` and keeps the event
+lines, and compares everything with the committed manifest ``spec/modelcheck.json``: state counts
+and outcomes exactly, runtime loosely. ``--write`` records a new manifest instead. Exit status: 0
+all as expected; 1 a property failed, an ablation went uncaught, or the manifest differs; 2 spin or
+gcc is missing, or the model is stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+MANIFEST = HERE / "modelcheck.json"
+WORKDIR = ROOT / "build" / "modelcheck"
+
+
+def _load_promela():
+    spec = importlib.util.spec_from_file_location("atmostonce_promela", HERE / "promela.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules.setdefault("atmostonce_promela", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+promela = _load_promela()
+
+# cpp flags per configuration of the one generated model
+CONFIGURATIONS: dict[str, tuple[str, ...]] = {
+    # two workers, sweeper, reconciler, operator (2 moves), clock, transport, platform
+    "main": (),
+    # plus another intent of the same account with the same text; one operator move
+    "text": ("-DOTHER_INTENT", "-DOPERATOR_MOVES=1"),
+}
+# ablations try the cheaper configuration first
+ABLATION_ORDER = ("text", "main")
+# the vacuity check (every event fires) runs here: every event can fire in it, and it is cheap
+COVERAGE_CONFIGURATION = "text"
+
+# configurations with open findings: the counterexample is expected and recorded
+EXPLORATIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "restore": (
+        ("-DRESTORES", "-DCUT_AT_BOUND"),
+        "one database backup and restore (restore epoch, restore fence); open findings, docs/formal.md",
+    ),
+}
+
+# guards whose removal cannot show at this abstraction level, with the reason
+NOT_CAUGHT: dict[str, str] = {
+    "restore_epoch_current": (
+        "It only matters after a database restore rewinds rows and sequences. The checked "
+        "configurations have no restore, so every lease carries the current restore epoch and the "
+        "guard is always true there; the restore exploration (-DRESTORES) already finds "
+        "counterexamples with every guard in place (docs/formal.md, open findings), so removing "
+        "the guard cannot be judged there."
+    ),
+}
+
+# full searches are compiled with -O2 (gcc takes ~5 s, pan runs ~1.7x faster); searches that are
+# expected to stop at an early counterexample with -O0 (gcc takes ~1 s). Neither changes the counts.
+PAN_RUN = ("-m100000",)
+GCC = ("gcc", "-w", "-DSAFETY", "-DMEMLIM=8192")
+FULL = ("-O2", "-w24")
+SHORT = ("-O0", "-w22")
+
+
+class ToolMissing(RuntimeError):
+    pass
+
+
+@dataclass
+class PanResult:
+    errors: int
+    states_stored: int
+    transitions: int
+    depth: int
+    seconds: float
+    violated: str | None = None  # the property (P..) named in the first failed assertion
+    assertion: str | None = None
+    truncated: bool = False
+    trail: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "errors": self.errors,
+            "states_stored": self.states_stored,
+            "transitions": self.transitions,
+            "depth": self.depth,
+        }
+
+
+def tools() -> dict[str, str]:
+    """Versions of spin and gcc; raises :class:`ToolMissing`."""
+    out = {}
+    for tool, args in (("spin", ("-V",)), ("gcc", ("--version",))):
+        if shutil.which(tool) is None:
+            raise ToolMissing(f"{tool} is not installed (apt-get install -y spin gcc)")
+        first = subprocess.run([tool, *args], capture_output=True, text=True, check=False).stdout.splitlines()
+        out[tool] = first[0].strip() if first else "?"
+    return out
+
+
+_NUM = r"([0-9.e+]+)"
+
+
+def parse_pan(report: str) -> PanResult:
+    """Read a ``pan`` report; raises ``ValueError`` if it is not one."""
+
+    def grab(pattern: str) -> float:
+        m = re.search(pattern, report)
+        if m is None:
+            raise ValueError(f"pan report lacks {pattern!r}:\n{report[-2000:]}")
+        return float(m.group(1))
+
+    m = re.search(r"assertion violated (.*?) \(at depth", report)
+    assertion = m.group(1).strip() if m else None
+    violated = None
+    if assertion:
+        names = re.findall(r"\b(P\d_\w+|BOUND_\w+)", assertion)
+        violated = names[0] if names else assertion
+    elif "invalid end state" in report and "errors: 0" not in report:
+        violated = "invalid end state"
+    return PanResult(
+        errors=int(grab(r"errors: (\d+)")),
+        states_stored=int(grab(_NUM + r" states, stored")),
+        transitions=int(grab(_NUM + r" transitions \(= stored\+matched\)")),
+        depth=int(grab(r"depth reached (\d+)")),
+        seconds=grab(r"pan: elapsed time " + _NUM),
+        violated=violated,
+        assertion=assertion,
+        truncated="max search depth too small" in report or "out of memory" in report,
+    )
+
+
+def trimmed_trail(text: str) -> list[str]:
+    """The event lines of a ``spin -t -p`` replay: ``step N  <what happened>``, then the failed assertion."""
+    lines = text.splitlines()
+    out: list[str] = []
+    failed: list[str] = []
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if s.startswith("MSC: "):
+            step = ""
+            for nxt in lines[i + 1 : i + 4]:
+                m = re.match(r"\s*(\d+):\s+proc ", nxt)
+                if m:
+                    step = m.group(1)
+                    break
+            out.append(f"{step:>4}  {s[5:]}")
+        elif s.startswith("spin: text of failed assertion:"):
+            failed.append("      " + s[len("spin: text of ") :])
+    return out + failed
+
+
+def check_one(
+    name: str, model: str, flags: Sequence[str], workdir: Path, *, full: bool = True, bfs: bool = False
+) -> PanResult:
+    """spin -a, gcc, ./pan for one model text; replays a counterexample with spin -t -p.
+
+    ``bfs``: breadth-first search, so that a counterexample is a shortest one (for the docs).
+    """
+    d = workdir / name.replace("/", "__")
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    (d / "model.pml").write_text(model, "utf-8")
+
+    def run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess:
+        return subprocess.run(list(cmd), cwd=d, capture_output=True, text=True, timeout=timeout, check=False)
+
+    p = run(["spin", *flags, "-a", "model.pml"])
+    if p.returncode != 0:
+        raise RuntimeError(f"{name}: spin -a failed:\n{p.stdout}{p.stderr}")
+    opt, hash_size = FULL if full else SHORT
+    p = run([*GCC, opt, *(["-DBFS"] if bfs else []), "-o", "pan", "pan.c"])
+    if p.returncode != 0:
+        raise RuntimeError(f"{name}: gcc failed:\n{p.stderr[-3000:]}")
+    p = run(["./pan", *PAN_RUN, hash_size])
+    (d / "pan.out").write_text(p.stdout + p.stderr, "utf-8")
+    res = parse_pan(p.stdout)
+    if res.errors and (d / "model.pml.trail").exists():
+        t = run(["spin", *flags, "-t", "-p", "model.pml"])
+        (d / "trail.txt").write_text(t.stdout, "utf-8")
+        res.trail = trimmed_trail(t.stdout)
+    return res
+
+
+# ------------------------------------------------------------------------------------ the jobs
+@dataclass
+class Outcome:
+    kind: str  # configuration / ablation / broken / exploration
+    name: str
+    ok: bool
+    record: dict[str, Any]
+    problems: list[str] = field(default_factory=list)
+
+
+def _record(res: PanResult, config: str, flags: Sequence[str], trail: bool = False) -> dict[str, Any]:
+    rec: dict[str, Any] = {"configuration": config, "flags": list(flags), **res.counts(), "seconds": res.seconds}
+    if res.violated:
+        rec["caught_by"] = res.violated
+    if trail:
+        rec["trail"] = res.trail
+    return rec
+
+
+def job_configuration(table, name: str, workdir: Path) -> Outcome:
+    flags = CONFIGURATIONS[name]
+    res = check_one(f"model/{name}", promela.generate(table), flags, workdir)
+    problems = []
+    if res.errors:
+        problems.append(f"{res.violated}: {res.assertion}\n" + "\n".join(res.trail))
+    if res.truncated:
+        problems.append("the search was truncated (depth or memory): raise -m or MEMLIM")
+    return Outcome("configuration", name, not problems, _record(res, name, flags, trail=bool(res.errors)), problems)
+
+
+def job_ablation(table, guard: str, workdir: Path) -> Outcome:
+    model = promela.generate(table, drop_guard=guard)
+    tried = []
+    res = None
+    for config in ABLATION_ORDER:
+        flags = (*CONFIGURATIONS[config], "-DCUT_AT_BOUND")
+        res = check_one(f"ablation/{guard}/{config}", model, flags, workdir, full=guard in NOT_CAUGHT)
+        tried.append(config)
+        if res.errors:
+            break
+    assert res is not None
+    rec = _record(res, tried[-1], flags)
+    if guard in NOT_CAUGHT:
+        rec["not_caught_reason"] = NOT_CAUGHT[guard]
+        if res.errors:
+            return Outcome(
+                "ablation",
+                guard,
+                False,
+                rec,
+                [f"listed in NOT_CAUGHT but caught by {res.violated}: take it off the list"],
+            )
+        return Outcome("ablation", guard, True, rec)
+    if not res.errors:
+        return Outcome("ablation", guard, False, rec, [f"removing {guard!r} is not caught in {tried}"])
+    if res.violated.startswith("BOUND"):
+        return Outcome("ablation", guard, False, rec, ["only the model bound was hit: not a property"])
+    return Outcome("ablation", guard, True, rec)
+
+
+def job_broken(table, workdir: Path) -> Outcome:
+    broken = promela.broken_retry_on_unknown(table)
+    model = promela.generate(broken, extra_evidence=promela.BROKEN_EVIDENCE, note="BROKEN ON PURPOSE: retry on unknown")
+    flags = ("-DCUT_AT_BOUND",)
+    res = check_one("broken/retry_on_unknown", model, flags, workdir, full=False, bfs=True)
+    rec = _record(res, "main", flags, trail=True)
+    rec["edge"] = "retry_unknown: a worker moves indeterminate -> pending"
+    # the same model with only P1 switched on: the duplicate the broken edge leads to
+    flags1 = (*flags, "-DCHECK=1")
+    dup = check_one("broken/retry_on_unknown-P1", model, flags1, workdir, full=False, bfs=True)
+    rec["duplicate"] = _record(dup, "main", flags1, trail=True)
+    problems = []
+    if not res.errors:
+        problems.append("the broken configuration was not caught")
+    if dup.violated != "P1_at_most_one_effect":
+        problems.append(f"with only P1 on, expected a duplicate effect, got {dup.violated!r}")
+    return Outcome("broken", "retry_on_unknown", not problems, rec, problems)
+
+
+def job_exploration(table, name: str, workdir: Path) -> Outcome:
+    flags, what = EXPLORATIONS[name]
+    res = check_one(f"exploration/{name}", promela.generate(table), flags, workdir)
+    rec = _record(res, name, flags, trail=True)
+    rec["what"] = what
+    return Outcome("exploration", name, True, rec)
+
+
+def never_fired(model: str, pan_report: str) -> list[str]:
+    """Events whose move never happens: every call site's final ``ok = 1`` is unreached.
+
+    ``model`` must come from ``promela.generate(..., coverage=True)`` (events as ``atomic``
+    sequences, so pan reports their statements one by one).
+    """
+    lines = model.splitlines()
+    spans: list[tuple[int, int, str]] = []
+    for i, line in enumerate(lines, start=1):
+        m = re.match(r"inline ev_(\w+)\(\) \{", line)
+        if m:
+            end = next(j for j in range(i, len(lines) + 1) if lines[j - 1] == "}")
+            spans.append((i, end, m.group(1)))
+    unreached: dict[str, int] = {}
+    for m in re.finditer(r"model\.pml:(\d+), state \d+, \"ok = 1\"", pan_report):
+        n = int(m.group(1))
+        for lo, hi, name in spans:
+            if lo <= n <= hi:
+                unreached[name] = unreached.get(name, 0) + 1
+    out = []
+    for _, _, name in spans:
+        calls = len(re.findall(rf"\bev_{name}\(\);", model))
+        if calls == 0 or unreached.get(name, 0) >= calls:
+            out.append(name)
+    return out
+
+
+def job_coverage(table, workdir: Path) -> Outcome:
+    """Vacuity check: every table event's move happens somewhere in the checked model."""
+    config = COVERAGE_CONFIGURATION
+    flags = CONFIGURATIONS[config]
+    model = promela.generate(table, coverage=True)
+    res = check_one("coverage", model, flags, workdir)
+    report = (workdir / "coverage" / "pan.out").read_text("utf-8")
+    silent = never_fired(model, report)
+    rec = _record(res, config, flags)
+    rec["never_fired"] = {e: _why_silent(table, e) for e in silent}
+    problems = [f"event {e!r} never fires in the {config} configuration" for e in silent if not _why_silent(table, e)]
+    if res.errors:
+        problems.append(f"{res.violated}: {res.assertion}")
+    return Outcome("coverage", config, not problems, rec, problems)
+
+
+def _why_silent(table, event: str) -> str:
+    """Events allowed to stay silent in the checked configurations, with the reason ('' = none)."""
+    ev = table.events.get(event)
+    if ev is not None and "fence_restore" in ev.effects:
+        return "declared only after a database restore: exercised by the restore exploration (-DRESTORES)"
+    return ""
+
+
+# ------------------------------------------------------------------------------------ manifest
+def _compare(kind: str, name: str, got: dict[str, Any], want: dict[str, Any] | None) -> list[str]:
+    if want is None:
+        return [f"{kind} {name}: not in the manifest (run with --write)"]
+    out = []
+    for k in ("errors", "states_stored", "transitions", "depth", "caught_by", "configuration"):
+        if got.get(k) != want.get(k):
+            out.append(f"{kind} {name}: {k} is {got.get(k)!r}, the manifest says {want.get(k)!r}")
+    if "never_fired" in got and got["never_fired"] != want.get("never_fired"):
+        out.append(f"{kind} {name}: events that never fire {got['never_fired']} vs {want.get('never_fired')}")
+    if "duplicate" in got:
+        out += _compare(kind, f"{name} (P1 only)", got["duplicate"], want.get("duplicate"))
+    return out
+
+
+def build_manifest(outcomes: list[Outcome], tool_versions: dict[str, str], table, seconds: float) -> dict[str, Any]:
+    b = promela.Bounds()
+    kinds = ("configuration", "coverage", "ablation", "broken", "exploration")
+    by = {k: {o.name: o.record for o in outcomes if o.kind == k} for k in kinds}
+    return {
+        "generated_by": "python spec/modelcheck.py --write",
+        "spin": tool_versions.get("spin", "?"),
+        "table": f"{table.name} {table.version}",
+        "bounds": {
+            "workers": b.workers,
+            "intents": 1,
+            "max_attempts": b.max_attempts,
+            "max_reconciles": b.max_reconciles,
+            "operator_moves": b.operator_moves,
+            "request_slots": b.request_slots,
+            "pan": " ".join(PAN_RUN),
+            "gcc": " ".join(GCC[1:]),
+            "full_search": " ".join(FULL),
+            "short_search": " ".join(SHORT),
+        },
+        "properties": dict(promela.PROPERTIES),
+        "configurations": by["configuration"],
+        "coverage": by["coverage"],
+        "ablations": by["ablation"],
+        "not_caught": dict(NOT_CAUGHT),
+        "broken": by["broken"],
+        "explorations": by["exploration"],
+        "runtime_seconds": round(seconds, 1),
+    }
+
+
+def compare_manifest(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
+    out = []
+    if got["spin"] != want.get("spin"):
+        out.append(f"spin is {got['spin']!r}, the manifest was recorded with {want.get('spin')!r}")
+    if got["bounds"] != want.get("bounds"):
+        out.append(f"bounds differ from the manifest: {got['bounds']} vs {want.get('bounds')}")
+    for section, kind in (
+        ("configurations", "configuration"),
+        ("coverage", "coverage"),
+        ("ablations", "ablation"),
+        ("broken", "broken"),
+        ("explorations", "exploration"),
+    ):
+        for name, rec in got[section].items():
+            out += _compare(kind, name, rec, want.get(section, {}).get(name))
+        for name in set(want.get(section, {})) - set(got[section]):
+            out.append(f"{kind} {name}: in the manifest but not run")
+    if got["not_caught"] != want.get("not_caught"):
+        out.append("the NOT_CAUGHT list differs from the manifest")
+    return out
+
+
+def runtime_ok(got: float, want: float | None) -> bool:
+    """Loose: within three times the recorded runtime plus a minute."""
+    return want is None or got <= 3 * want + 60
+
+
+# ------------------------------------------------------------------------------------ main
+def plan(table, *, only: str | None = None, guards: Sequence[str] | None = None) -> list[Callable[[Path], Outcome]]:
+    """The jobs, longest first (the outcomes are reported in a fixed order whatever the order of running)."""
+    long: list[Callable[[Path], Outcome]] = []
+    short: list[Callable[[Path], Outcome]] = []
+    if only in (None, "model"):
+        long += [lambda wd, n=n: job_configuration(table, n, wd) for n in CONFIGURATIONS]
+        long.append(lambda wd: job_coverage(table, wd))
+    if only in (None, "ablations"):
+        for g in guards or list(table.guards):
+            (long if g in NOT_CAUGHT else short).append(lambda wd, g=g: job_ablation(table, g, wd))
+    if only in (None, "broken"):
+        long += [lambda wd, n=n: job_exploration(table, n, wd) for n in EXPLORATIONS]
+        short.append(lambda wd: job_broken(table, wd))
+    return long + short
+
+
+def run_jobs(jobs: list[Callable[[Path], Outcome]], workdir: Path, parallel: int) -> list[Outcome]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
+        return list(ex.map(lambda j: j(workdir), jobs))
+
+
+def _table():
+    from atmostonce.table import load_table
+
+    return load_table(promela.TABLE_PATH)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python spec/modelcheck.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help="record spec/modelcheck.json instead of comparing")
+    ap.add_argument("--only", choices=("model", "ablations", "broken"), help="run one part (no manifest compare)")
+    ap.add_argument("--guard", action="append", help="ablate only this guard (repeatable; implies --only ablations)")
+    ap.add_argument("--jobs", type=int, default=int(os.environ.get("MODELCHECK_JOBS", "2")))
+    ap.add_argument("--workdir", type=Path, default=WORKDIR)
+    args = ap.parse_args(argv)
+
+    try:
+        versions = tools()
+    except ToolMissing as exc:
+        print(f"modelcheck: {exc}", file=sys.stderr)
+        return 2
+    table = _table()
+    try:
+        text = promela.default_model(table)
+    except promela.GenerationError as exc:
+        print(f"modelcheck: {exc}", file=sys.stderr)
+        return 2
+    if not promela.MODEL_PATH.exists() or promela.MODEL_PATH.read_text("utf-8") != text:
+        print("modelcheck: spec/atmostonce.pml is stale: run `python spec/promela.py --write`", file=sys.stderr)
+        return 2
+
+    only = "ablations" if args.guard else args.only
+    t0 = time.monotonic()
+    outcomes = run_jobs(plan(table, only=only, guards=args.guard), args.workdir, args.jobs)
+    seconds = time.monotonic() - t0
+    kinds = ("configuration", "coverage", "ablation", "broken", "exploration")
+    names = [*CONFIGURATIONS, *table.guards, *EXPLORATIONS]
+    outcomes.sort(key=lambda o: (kinds.index(o.kind), names.index(o.name) if o.name in names else 0))
+
+    rc = 0
+    for o in outcomes:
+        r = o.record
+        what = r.get("caught_by") or "no error"
+        print(
+            f"{'ok ' if o.ok else 'BAD'} {o.kind:13} {o.name:24} {r['configuration']:8} "
+            f"{what:38} states {r['states_stored']:>9} transitions {r['transitions']:>10} "
+            f"depth {r['depth']:>4} {r['seconds']:>6.2f}s"
+        )
+        for p in o.problems:
+            print("    " + p.replace("\n", "\n    "))
+        rc |= 0 if o.ok else 1
+    print(f"total {seconds:.1f}s with {args.jobs} parallel jobs ({versions['spin']})")
+
+    if only is not None:
+        return rc
+    manifest = build_manifest(outcomes, versions, table, seconds)
+    if args.write:
+        MANIFEST.write_text(json.dumps(manifest, indent=2) + "\n", "utf-8")
+        print(f"wrote {MANIFEST}")
+        return rc
+    if not MANIFEST.exists():
+        print("modelcheck: no spec/modelcheck.json: run with --write", file=sys.stderr)
+        return 1
+    want = json.loads(MANIFEST.read_text("utf-8"))
+    diffs = compare_manifest(manifest, want)
+    for d in diffs:
+        print("MANIFEST " + d)
+    if not runtime_ok(seconds, want.get("runtime_seconds")):
+        print(f"MANIFEST runtime {seconds:.0f}s is far above the recorded {want.get('runtime_seconds')}s")
+        rc = 1
+    if diffs:
+        rc = 1
+    elif rc == 0:
+        print("matches spec/modelcheck.json")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

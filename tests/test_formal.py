@@ -1,0 +1,270 @@
+"""The Spin model is generated from the table, and the model check bites (issue 10, docs/formal.md).
+
+Fast tests need no Spin: the committed model equals the generator's output for the current table,
+every name in the table has a translation (and a missing one fails loudly), the manifest accounts
+for every guard, and the report parsers read real pan output. The ``slow`` tests run Spin: the
+model has no counterexample, one guard ablation and the broken configuration are caught.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+
+from atmostonce.table import Event, Guard, load_table
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "spec"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+promela = _load("atmostonce_promela", SPEC / "promela.py")
+modelcheck = _load("atmostonce_modelcheck", SPEC / "modelcheck.py")
+
+
+@pytest.fixture(scope="module")
+def table():
+    return load_table(SPEC / "table.toml")
+
+
+@pytest.fixture(scope="module")
+def manifest():
+    return json.loads((SPEC / "modelcheck.json").read_text("utf-8"))
+
+
+# ------------------------------------------------------------------------------ generation
+def test_committed_model_equals_the_generator_output(table):
+    assert (SPEC / "atmostonce.pml").read_text("utf-8") == promela.generate(table), (
+        "spec/atmostonce.pml is stale: run `python spec/promela.py --write`"
+    )
+
+
+def test_check_cli_agrees():
+    assert promela.main(["--check"]) == 0
+
+
+def test_every_state_event_and_guard_of_the_table_is_in_the_model(table):
+    text = promela.generate(table)
+    assert re.search(r"mtype:state = \{ " + ", ".join(table.states) + r" \}", text)
+    for ev in table.events.values():
+        if not ev.creates:
+            assert f"inline ev_{ev.name}()" in text, ev.name
+    for g in table.guards:
+        assert g in promela.GUARDS, g
+    # every guard's expression appears in the enabling condition of every event that uses it
+    for ev in table.events.values():
+        body = text.split(f"inline ev_{ev.name}() {{")[1].split("->")[0] if not ev.creates else ""
+        for g in ev.guards:
+            binding = promela.ACTOR_ARGS[ev.actor]
+            assert "(" + promela.GUARDS[g].format_map(dict(binding)) + ")" in body, (ev.name, g)
+
+
+def _with_guard(table, name: str):
+    guards = {**table.guards, name: Guard(name=name, meaning="new", seed="test")}
+    ev = dataclasses.replace(table.events["begin"], guards=(*table.events["begin"].guards, name))
+    return dataclasses.replace(
+        table, guards=MappingProxyType(guards), events=MappingProxyType({**table.events, "begin": ev})
+    )
+
+
+def test_a_guard_without_a_translation_fails_loudly(table):
+    with pytest.raises(promela.GenerationError, match="brand_new_guard"):
+        promela.generate(_with_guard(table, "brand_new_guard"))
+
+
+def test_an_effect_event_outcome_or_actor_without_a_translation_fails_loudly(table):
+    eff = dataclasses.replace(table, effects=MappingProxyType({**table.effects, "teleport": table.effects["create"]}))
+    with pytest.raises(promela.GenerationError, match="teleport"):
+        promela.generate(eff)
+    ev = Event("shrug", "worker", ("pending",), "pending", (), (), "test")
+    with pytest.raises(promela.GenerationError, match="shrug"):
+        promela.generate(dataclasses.replace(table, events=MappingProxyType({**table.events, "shrug": ev})))
+    mascot = dataclasses.replace(table.actors["worker"], name="mascot")
+    with pytest.raises(promela.GenerationError, match="mascot"):
+        promela.generate(dataclasses.replace(table, actors=MappingProxyType({**table.actors, "mascot": mascot})))
+    send = dataclasses.replace(table.outcomes["send.unknown"], name="send.maybe")
+    with pytest.raises(promela.GenerationError, match="send.maybe"):
+        promela.generate(dataclasses.replace(table, outcomes=MappingProxyType({**table.outcomes, "send.maybe": send})))
+
+
+def test_an_ablation_removes_exactly_that_guard_from_the_conditions(table):
+    full = promela.generate(table)
+    for g in table.guards:
+        ablated = promela.generate(table, drop_guard=g)
+        assert ablated != full
+        assert f"[ABLATED: {g} removed]" in ablated
+        users = [e for e in table.events.values() if g in e.guards]
+        for ev in users:
+            cond = ablated.split(f"inline ev_{ev.name}() {{")[1].split(" ->\n")[0]
+            expr = "(" + promela.GUARDS[g].format_map(dict(promela.ACTOR_ARGS[ev.actor])) + ")"
+            assert expr not in cond, (g, ev.name)
+    with pytest.raises(promela.GenerationError):
+        promela.generate(table, drop_guard="no_such_guard")
+
+
+def test_the_broken_configuration_adds_a_machine_edge_out_of_the_unknown_state(table):
+    broken = promela.broken_retry_on_unknown(table)
+    ev = broken.events["retry_unknown"]
+    assert not broken.actors[ev.actor].human
+    assert broken.states[ev.sources[0]].kind == "unknown" and ev.target == broken.initial
+    assert "inline ev_retry_unknown()" in promela.generate(broken, extra_evidence=promela.BROKEN_EVIDENCE)
+
+
+# ------------------------------------------------------------------------------ manifest
+def test_the_manifest_accounts_for_every_guard(table, manifest):
+    assert set(manifest["ablations"]) == set(table.guards)
+    for g, rec in manifest["ablations"].items():
+        if g in modelcheck.NOT_CAUGHT:
+            assert rec["errors"] == 0 and "caught_by" not in rec, g
+            assert len(modelcheck.NOT_CAUGHT[g]) > 80  # a written reason
+        else:
+            assert rec["errors"] >= 1, g
+            assert rec["caught_by"] in promela.PROPERTIES, (g, rec["caught_by"])
+    assert manifest["not_caught"] == modelcheck.NOT_CAUGHT
+    assert len(modelcheck.NOT_CAUGHT) <= 1
+
+
+def test_the_manifest_records_a_clean_model_and_a_caught_broken_configuration(manifest):
+    assert set(manifest["configurations"]) == set(modelcheck.CONFIGURATIONS)
+    for name, rec in manifest["configurations"].items():
+        assert rec["errors"] == 0, name
+        assert rec["states_stored"] > 100_000, name
+    broken = manifest["broken"]["retry_on_unknown"]
+    assert broken["caught_by"] == "P3_unknown_never_resent_by_machine"
+    assert broken["duplicate"]["caught_by"] == "P1_at_most_one_effect"
+    assert any("retry_unknown" in line for line in broken["trail"])
+    assert manifest["properties"] == dict(promela.PROPERTIES)
+    assert manifest["table"] == f"{load_table(SPEC / 'table.toml').name} {load_table(SPEC / 'table.toml').version}"
+
+
+def test_the_docs_show_the_recorded_ablation_results(manifest):
+    doc = (ROOT / "docs" / "formal.md").read_text("utf-8")
+    ablations = doc.split("## Proof that it bites")[1].split("\n## ")[0]
+    for g, rec in manifest["ablations"].items():
+        row = next((line for line in ablations.splitlines() if line.startswith(f"| `{g}` |")), None)
+        assert row is not None, f"docs/formal.md has no ablation row for {g}"
+        assert rec.get("caught_by", "not caught") in row, (g, row)
+    assert f"{manifest['configurations']['main']['states_stored']:,}" in doc
+
+
+# ------------------------------------------------------------------------------ report parsing
+PAN_ERROR = """\
+pan:1: assertion violated ( !(P1_at_most_one_effect)||(g_unexcused<=1)) (at depth 41)
+pan: wrote model.pml.trail
+
+(Spin Version 6.5.2 -- 6 December 2019)
+Warning: Search not completed
+State-vector 156 byte, depth reached 41, errors: 1
+   494353 states, stored
+\t   95618 nominal states (stored-atomic)
+   162040 states, matched
+   656393 transitions (= stored+matched)
+pan: elapsed time 0.36 seconds
+"""
+
+PAN_CLEAN = """\
+State-vector 140 byte, depth reached 335, errors: 0
+  3179121 states, stored
+ 38142940 states, matched
+ 41322061 transitions (= stored+matched)
+pan: elapsed time 18.5 seconds
+"""
+
+TRAIL = """\
+                          MSC: worker 1: begin (pending -> pending)
+ 12:\tproc  2 (worker:1) model.pml:207 (state 25)\t[printf('MSC: worker %d: begin (%e -> pending)\\\\n',w,t_from)]
+spin: model.pml:161, Error: assertion violated
+spin: text of failed assertion: assert((!(P1_at_most_one_effect)||(g_unexcused<=1)))
+                                  MSC: platform: request 2 lands
+ 40:\tproc  7 (platform:1) model.pml:155 (state 1)\t[printf('MSC: platform: request %d lands\\\\n',i)]
+"""
+
+
+def test_parse_pan_reads_a_counterexample_report():
+    r = modelcheck.parse_pan(PAN_ERROR)
+    assert (r.errors, r.states_stored, r.transitions, r.depth) == (1, 494353, 656393, 41)
+    assert r.violated == "P1_at_most_one_effect" and r.seconds == pytest.approx(0.36)
+    assert not r.truncated
+
+
+def test_parse_pan_reads_a_clean_report_and_flags_truncation():
+    r = modelcheck.parse_pan(PAN_CLEAN)
+    assert (r.errors, r.states_stored, r.transitions, r.depth, r.violated) == (0, 3179121, 41322061, 335, None)
+    assert modelcheck.parse_pan(PAN_CLEAN + "error: max search depth too small\n").truncated
+    with pytest.raises(ValueError):
+        modelcheck.parse_pan("not a pan report")
+
+
+def test_trimmed_trail_keeps_the_events_and_ends_with_the_failed_assertion():
+    assert modelcheck.trimmed_trail(TRAIL) == [
+        "  12  worker 1: begin (pending -> pending)",
+        "  40  platform: request 2 lands",
+        "      failed assertion: assert((!(P1_at_most_one_effect)||(g_unexcused<=1)))",
+    ]
+
+
+def test_runtime_is_compared_loosely():
+    assert modelcheck.runtime_ok(150.0, 100.0)
+    assert not modelcheck.runtime_ok(400.0, 100.0)
+
+
+def test_manifest_comparison_names_what_changed(manifest):
+    changed = json.loads(json.dumps(manifest))
+    changed["configurations"]["main"]["states_stored"] += 1
+    del changed["ablations"]["lease_holder"]["caught_by"]
+    diffs = modelcheck.compare_manifest(changed, manifest)
+    assert any("main: states_stored" in d for d in diffs)
+    assert any("lease_holder: caught_by" in d for d in diffs)
+    assert modelcheck.compare_manifest(manifest, manifest) == []
+
+
+# ------------------------------------------------------------------------------ with Spin
+@pytest.mark.slow
+def test_model_check_finds_no_counterexample(table, manifest, tmp_path):
+    """Both configurations, exhaustively, with the state counts of the manifest."""
+    for name in modelcheck.CONFIGURATIONS:
+        out = modelcheck.job_configuration(table, name, tmp_path)
+        assert out.ok, out.problems
+        assert out.record["errors"] == 0
+        assert not modelcheck.parse_pan((tmp_path / f"model__{name}" / "pan.out").read_text()).truncated
+        for k in ("states_stored", "transitions", "depth"):
+            assert out.record[k] == manifest["configurations"][name][k], (name, k)
+
+
+@pytest.mark.slow
+def test_every_event_fires_in_the_checked_model(table, manifest, tmp_path):
+    out = modelcheck.job_coverage(table, tmp_path)
+    assert out.ok, out.problems
+    assert set(out.record["never_fired"]) <= {e.name for e in table.events.values() if "fence_restore" in e.effects}
+
+
+@pytest.mark.slow
+def test_removing_the_lease_holder_guard_is_caught(table, manifest, tmp_path):
+    out = modelcheck.job_ablation(table, "lease_holder", tmp_path)
+    assert out.ok, out.problems
+    assert out.record["errors"] >= 1
+    assert out.record["caught_by"] == manifest["ablations"]["lease_holder"]["caught_by"]
+    assert out.record["caught_by"] == "P5_stale_generation_never_writes"
+
+
+@pytest.mark.slow
+def test_the_broken_configuration_is_caught_with_a_duplicate(table, tmp_path):
+    out = modelcheck.job_broken(table, tmp_path)
+    assert out.ok, out.problems
+    assert out.record["caught_by"] == "P3_unknown_never_resent_by_machine"
+    dup = out.record["duplicate"]["trail"]
+    assert sum("lands" in line for line in dup) == 2 and any("retry_unknown" in line for line in dup)
