@@ -25,6 +25,7 @@ def db(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_demo_publishes_without_duplicates_on_sqlite(capsys):
     rc, out, err = run(capsys, "--json", "demo", "--intents", "30", "--workers", "3", "--timeout", "90")
     result = json.loads(out)
