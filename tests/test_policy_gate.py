@@ -14,7 +14,7 @@ from atmostonce import GuardRefused, Rejected
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper
 from atmostonce.table import table
 from atmostonce_http import HttpTransport, PlatformSink, sink_config
-from tests.helpers import begin_authorize, submit
+from tests.helpers import begin_authorize, submit, to_state
 
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
 
@@ -117,18 +117,21 @@ def test_declared_restore_fences_old_leases_and_resends_nothing(any_store, platf
     s = any_store.store
     queued = submit(s, text="queued")
     begun = submit(s, text="begun")
+    inflight = submit(s, text="in flight")
     lease = s.begin(begun.key)
+    begin_authorize(s, inflight.key)  # authorized, nothing sent yet
+    failed, _ = to_state(s, "failed", text="failed")
     epoch, fenced = s.declare_restore(operator="ops")
-    assert epoch == 2 and fenced == 2
+    assert epoch == 2 and fenced == 4
     with pytest.raises(Rejected):  # the worker from before the restore sends nothing
         s.authorize_dispatch(lease, request_digest=begun.request_digest)
-    assert {s.get(k).state for k in (queued.key, begun.key)} == {"indeterminate"}
+    assert {s.get(k).state for k in (queued.key, begun.key, inflight.key, failed.key)} == {"indeterminate"}
     # reconciliation decides: the fenced lookup proves absence, then the retry sends exactly once
     Reconciler(s, transport, CONFIG).run()
     Sweeper(s, CONFIG).retry_failed()
     for key in s.claimable():
         Dispatcher(s, transport, CONFIG).dispatch(key)
-    assert sink.creates_by_key == {queued.key: 1, begun.key: 1}
+    assert sink.creates_by_key == {queued.key: 1, begun.key: 1, inflight.key: 1, failed.key: 1}
 
 
 def test_restore_epoch_guard_refuses_a_lease_from_an_older_epoch(any_store):

@@ -288,3 +288,19 @@ def test_bad_lease_lengths_are_refused_before_writing(any_store, seconds):
     with pytest.raises(IntakeError):
         s.begin(it.key, lease_seconds=seconds)
     assert s.attempts(it.key) == [] and s.get(it.key).attempt_token is None
+
+
+@pytest.mark.parametrize("authorized", [False, True])
+def test_a_sweeper_cannot_close_a_live_lease(any_store, authorized):
+    s = any_store.store
+    it = submit(s)
+    if authorized:
+        begin_authorize(s, it.key)
+    else:
+        s.begin(it.key, lease_seconds=30)
+    live = s.get(it.key)
+    before = snapshot(s, it.key)
+    with pytest.raises(GuardRefused) as e:
+        (s.expire_lease if authorized else s.abandon_attempt)(live)
+    assert e.value.guard == "lease_expired"
+    assert snapshot(s, it.key)[:3] == before[:3]
