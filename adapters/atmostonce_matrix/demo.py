@@ -14,7 +14,6 @@ event never appeared ends ``parked`` for a person, never resent.
 
 from __future__ import annotations
 
-import random
 import sys
 import tempfile
 import threading
@@ -26,8 +25,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from atmostonce.errors import Rejected
-from atmostonce.runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
-from atmostonce_cli.demo import DemoResult, format_result
+from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
+from atmostonce_cli.demo import DemoResult, _Crasher, _progress, format_result
 from atmostonce_cli.stores import open_store_url
 
 from .proxy import FaultProxy
@@ -59,24 +58,6 @@ class MatrixDemoResult(DemoResult):
     homeserver: str = ""
     room_id: str = ""
     device_id: str = ""
-
-
-class _Crasher:
-    def __init__(self, rate: float, seed: int):
-        self.rate, self.rng, self.lock, self.count = rate, random.Random(seed), threading.Lock(), 0
-
-    def __call__(self, point: str) -> None:
-        assert point in CRASH_POINTS
-        with self.lock:
-            hit = self.rng.random() < self.rate
-            self.count += hit
-        if hit:
-            raise SimulatedCrash(point)
-
-
-def _progress(out: TextIO, counts: dict[str, int], elapsed: float) -> None:
-    out.write(f"[{elapsed:6.1f}s] " + "  ".join(f"{k} {v:>4}" for k, v in counts.items()) + "\n")
-    out.flush()
 
 
 def run_matrix_demo(

@@ -34,6 +34,7 @@ from atmostonce.errors import (
 )
 from atmostonce.identity import attempt_token, load_canonical
 from atmostonce.records import (
+    HISTORY_DETAIL,
     Attempt,
     HistoryEntry,
     Intent,
@@ -68,18 +69,7 @@ from .schema import (
 
 __all__ = ["SqlStore"]
 
-_HISTORY_DETAIL = (
-    "reason",
-    "remote_id",
-    "response_digest",
-    "operator",
-    "fenced",
-    "result",
-    "descriptor",
-    "credential_version",
-    "platform",
-    "contract_version",
-)
+
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
 
 
@@ -246,7 +236,7 @@ class SqlStore(Operations):
             remote_id=args.get("remote_id"),
             result=args.get("result", "unknown"),
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
-            detail={k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
+            detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
             text_window=self.text_window_seconds,
         )
         if "open_attempt" in ev.effects:

@@ -26,6 +26,7 @@ from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
 from .records import (
+    HISTORY_DETAIL,
     Attempt,
     HistoryEntry,
     Intent,
@@ -41,19 +42,6 @@ from .table import Table
 from .table import table as default_table
 
 __all__ = ["MemoryStore", "open_memory_store"]
-
-_HISTORY_DETAIL = (
-    "reason",
-    "remote_id",
-    "response_digest",
-    "operator",
-    "fenced",
-    "result",
-    "descriptor",
-    "credential_version",
-    "platform",
-    "contract_version",
-)
 
 
 class _Releaser:
@@ -288,7 +276,7 @@ class MemoryStore(Operations):
 
     # -- history --------------------------------------------------------------------------
     def _history_entry(self, key, event, actor, from_state, row, args, now, token=None, gen=None) -> HistoryEntry:
-        detail = copy.deepcopy({k: args[k] for k in _HISTORY_DETAIL if args.get(k) not in (None, {}, "")})
+        detail = copy.deepcopy({k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")})
         return HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
 
     @staticmethod

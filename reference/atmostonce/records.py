@@ -269,6 +269,20 @@ def prepare_submission(
     )
 
 
+HISTORY_DETAIL = (
+    "reason",
+    "remote_id",
+    "response_digest",
+    "operator",
+    "fenced",
+    "result",
+    "descriptor",
+    "credential_version",
+    "platform",
+    "contract_version",
+)
+"""Arguments of a move that its history row keeps as ``detail`` (the same in every store)."""
+
 MAX_LEASE_SECONDS = 366 * 86_400.0
 MAX_TEXT_CHARS = 4096
 MAX_DETAIL_BYTES = 64 * 1024
