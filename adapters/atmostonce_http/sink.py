@@ -370,6 +370,11 @@ class PlatformSink:
             self._mix = [(k, float(r)) for k, r in items]
             self._rng = random.Random(seed)
 
+    def settle_reads(self) -> None:
+        """End every read lag now: objects created so far become visible to reads (for tests)."""
+        with self._cond:
+            self._visible_at.clear()
+
     def clear_faults(self) -> None:
         """Drop planned faults and the mix."""
         with self._cond:

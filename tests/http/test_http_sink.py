@@ -342,14 +342,14 @@ def test_without_dedupe_every_resend_is_a_visible_duplicate():
 
 
 def test_fenced_lookup_blocks_a_write_that_arrived_before_the_not_found_answer():
-    with PlatformSink(fenced_lookup=True, delay_seconds=0.6) as s:
+    with PlatformSink(fenced_lookup=True, delay_seconds=2.0) as s:
         s.plan("delay")
         cfg = sink_config(s.url, read_timeout=0.2, lookup_fenced=True)
         with HttpTransport(cfg) as tr:
             res = tr.send(wire({"text": "late"}, "k-late"))
             assert isinstance(res, Unknown)  # the client gave up; the server is still sleeping
             assert isinstance(tr.lookup("k-late"), NotFound)  # the fence: absent now and for that request
-            time.sleep(0.8)
+            time.sleep(2.5)  # let the delayed request reach its write
             assert s.creates == 0, "a request older than the fenced not-found answer still wrote"
             again = tr.send(wire({"text": "late"}, "k-late"))  # a new request after the fence may write
             assert isinstance(again, Sent)
