@@ -304,3 +304,37 @@ def test_a_sweeper_cannot_close_a_live_lease(any_store, authorized):
         (s.expire_lease if authorized else s.abandon_attempt)(live)
     assert e.value.guard == "lease_expired"
     assert snapshot(s, it.key)[:3] == before[:3]
+
+
+@pytest.mark.parametrize("state", ["pending", "failed", "indeterminate"])
+def test_an_operator_may_park_from_each_non_flight_state(any_store, state):
+    s = any_store.store
+    it, _ = to_state(s, state)
+    if state == "pending":
+        s.begin(it.key)  # a pre-authorization attempt is closed by the park
+    parked = s.park(it.key, operator="alice", reason="stop")
+    assert parked.state == "parked" and parked.attempt_token is None
+    assert all(a.outcomes for a in s.attempts(it.key))
+
+
+def test_a_pending_intent_out_of_attempts_is_parked_by_exhaust(any_store):
+    s = any_store.store
+    it = submit(s, max_attempts=1)
+    s.begin(it.key, lease_seconds=10)
+    any_store.advance(11)
+    s.abandon_attempt(s.due_leases()[0])  # back to pending, the only attempt spent
+    with pytest.raises(GuardRefused) as e:
+        s.begin(it.key)
+    assert e.value.guard == "attempts_remaining"
+    assert s.exhaust(it.key).state == "parked"
+
+
+@pytest.mark.parametrize("outcome", ["published", "not_sent"])
+def test_an_operator_settles_a_parked_intent(any_store, outcome):
+    s = any_store.store
+    it, _ = to_state(s, "parked")
+    if outcome == "published":
+        assert s.resolve_published(it.key, operator="alice", remote_id="r-1").state == "published"
+    else:
+        assert s.resolve_not_sent(it.key, operator="alice").state == "failed"
+        assert s.retry(it.key).state == "pending"
