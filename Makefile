@@ -72,8 +72,8 @@ wheel-check: $(STAMP)
 	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel-check .
 	$(PY) -m venv build/wheel-check/venv
 	build/wheel-check/venv/bin/python -m pip install -q build/wheel-check/*.whl
-	cd build && wheel-check/venv/bin/python -c "import atmostonce, atmostonce.table as t; \
-	  p = t.spec_dir(); assert 'site-packages' in str(p), p; \
+	cd build && wheel-check/venv/bin/python -c "import atmostonce; from atmostonce.table import spec_dir; \
+	  p = spec_dir(); assert 'site-packages' in str(p), p; \
 	  from atmostonce.checks import check_table; assert check_table(atmostonce.table()) == {}; \
 	  print('wheel ships the table:', p)"
 	cd build && wheel-check/venv/bin/atmostonce spec check
