@@ -10,7 +10,9 @@ Each mutant runs in its own pytest process with ``-p mutation.ablation_plugin``.
 when a test fails; the killing test must be aimed at the mutant's layer (its id names the layer, or
 it is that layer's stateful suite). Results go to ``mutation/results.json`` (a full run) and the run
 fails if a mutant survives, is killed only by a test aimed elsewhere, or if the set of mutants
-differs from ``mutation/expected.json`` (a new guard needs a killing test and an entry there).
+differs from ``mutation/expected.json`` (a new guard needs a killing test and an entry there). A
+survivor is accepted only when ``expected.json`` explains it as equivalent (the behaviour cannot
+change, e.g. the database enforces the same rule a second time).
 """
 
 from __future__ import annotations
@@ -128,11 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     every = mutants()
+    doc = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {"mutants": [], "equivalent": {}}
+    equivalent: dict[str, str] = doc.get("equivalent", {})
     if args.write_expected:
-        EXPECTED.write_text(json.dumps({"mutants": every, "all_killed": True}, indent=1) + "\n")
-        print(f"wrote {len(every)} mutants to {EXPECTED}")
+        doc = {"mutants": every, "equivalent": equivalent}
+        EXPECTED.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {len(every)} mutants ({len(equivalent)} explained equivalents) to {EXPECTED}")
         return 0
-    expected = json.loads(EXPECTED.read_text())["mutants"] if EXPECTED.exists() else []
+    expected = doc["mutants"]
     rc = 0
     if sorted(expected) != sorted(every):
         added, removed = sorted(set(every) - set(expected)), sorted(set(expected) - set(every))
@@ -148,13 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda m: run_one(m, args.timeout), chosen))
-    survivors = [r for r in results if not r["killed"]]
     for r in results:
-        mark = "killed " if r["killed"] else "SURVIVED"
+        if not r["killed"] and r["mutant"] in equivalent:
+            r["equivalent"] = equivalent[r["mutant"]]
+    survivors = [r for r in results if not r["killed"] and "equivalent" not in r]
+    for r in results:
+        mark = "killed " if r["killed"] else ("equiv. " if "equivalent" in r else "SURVIVED")
         print(f"{mark} {r['mutant']:<60} {r.get('by') or r.get('note') or ''} ({r['seconds']}s)")
     print(f"{len(results) - len(survivors)}/{len(results)} killed in {time.monotonic() - t0:.0f}s")
-    if not args.only and not args.slice:
-        RESULTS.write_text(json.dumps({"results": results}, indent=1) + "\n")
+    if not args.slice:
+        merged = {}
+        if args.only and RESULTS.exists():  # a partial re-run updates the recorded results
+            merged = {r["mutant"]: r for r in json.loads(RESULTS.read_text())["results"]}
+        merged.update({r["mutant"]: r for r in results})
+        ordered = [merged[m] for m in every if m in merged]
+        RESULTS.write_text(json.dumps({"results": ordered}, indent=1) + "\n")
     return 1 if survivors or rc else 0
 
 

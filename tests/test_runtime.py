@@ -177,3 +177,20 @@ def test_reconcile_lookups_of_one_intent_are_spaced_by_the_store_clock(any_store
     paced = Reconciler(store, transport, dataclasses.replace(CONFIG, reconcile_interval=3600))
     assert paced.run() == {"deferred": 1}
     assert store.reconciliations(it.key) == []
+
+
+def test_a_read_back_that_differs_is_not_published(any_store, platform):
+    sink, transport, _ = platform
+    store = any_store.store
+    it = submit(store, text="as approved")
+
+    def someone_edits_the_post(point):
+        if point == "after_record_success":
+            [oid] = sink.objects
+            sink.edit(oid, {"text": "edited by someone", "delivery_key": it.key})
+
+    d = Dispatcher(store, transport, CONFIG, crash=someone_edits_the_post)
+    assert d.dispatch(it.key) == "read_back.differs"
+    final = store.get(it.key)
+    assert final.state == "indeterminate" and final.remote_id is not None
+    assert store.history(it.key)[-1].detail["reason"] == "read_back.differs"

@@ -370,6 +370,12 @@ class PlatformSink:
             self._mix = [(k, float(r)) for k, r in items]
             self._rng = random.Random(seed)
 
+    def edit(self, object_id: str, body: dict[str, Any]) -> None:
+        """Change a stored object's body, as a person editing the post on the platform would (for tests).
+        Raises ``KeyError`` for an unknown id."""
+        with self._cond:
+            self._objects[object_id]["body"] = dict(body)
+
     def settle_reads(self) -> None:
         """End every read lag now: objects created so far become visible to reads (for tests)."""
         with self._cond:
