@@ -5,8 +5,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PYTEST  := $(BIN)/pytest
 WORKERS ?= 2
+SLICE   ?= 0/12
 
-.PHONY: demo test quick lint spec-check docs docs-check soak bench matrix demo-matrix model-check mutation wheel-check clean
+.PHONY: demo test quick lint spec-check docs docs-check soak bench matrix demo-matrix model-check mutation mutation-slice wheel-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,9 +39,11 @@ lint: $(STAMP)
 ## regenerate docs/ tables and diagrams from spec/table.toml
 docs: $(STAMP)
 	$(BIN)/python -m atmostonce.docgen --write
+	$(BIN)/python -m mutation.report --write
 
 docs-check: $(STAMP)
 	$(BIN)/python -m atmostonce.docgen --check
+	$(BIN)/python -m mutation.report --check || { echo "docs/guards.md is stale: run make docs"; exit 1; }
 
 ## longer stateful runs against the real databases
 soak: $(STAMP)
@@ -65,6 +68,10 @@ model-check: $(STAMP)
 mutation: $(STAMP)
 	$(BIN)/python -m mutation.ablate --jobs $(WORKERS)
 	$(BIN)/python -m mutation.report --write
+
+## a bounded slice of the ablation run (CI)
+mutation-slice: $(STAMP)
+	$(BIN)/python -m mutation.ablate --jobs $(WORKERS) --slice $(SLICE)
 
 ## build the wheel, install it into a fresh virtual environment, load the table from there
 wheel-check: $(STAMP)

@@ -31,7 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "mutation" / "expected.json"
 RESULTS = ROOT / "mutation" / "results.json"
 LAYERS = ("model", "sqlite", "postgresql")
-TARGETED = ["tests/test_rules.py", "tests/test_adversarial.py", "tests/test_policy_gate.py"]
+TARGETED = [
+    "tests/test_rules.py",
+    "tests/test_adversarial.py",
+    "tests/test_policy_gate.py",
+    "tests/test_sources.py",
+]
 SUITES = {
     "model": (TARGETED, "memory", ["tests/test_model_stateful.py"]),
     "sqlite": (
