@@ -83,7 +83,7 @@ class Recorder:
 
 
 def lifecycle(store, i: int, tag: str) -> None:
-    it = store.submit("bench", "post", f"room-{i % 97}", {"text": f"bench {tag} {i}"})
+    it = store.submit("bench", "post", f"room-{i % 97}", {"message": f"bench {tag} {i}"})
     lease = store.begin(it.key, lease_seconds=60)
     store.authorize_dispatch(lease, request_digest=it.request_digest, send_lease_seconds=60, descriptor={"t": "bench"})
     store.record_success(lease, remote_id=f"r-{tag}-{i}")
@@ -119,12 +119,12 @@ def capture(store, recorder: Recorder) -> tuple[list[list[tuple[str, Any]]], dic
     """One lifecycle's statements, split per operation, and the values to substitute on replay."""
     ops: list[list[tuple[str, Any]]] = []
     names = ["submit", "begin", "authorize_dispatch", "record_success", "confirm_read_back"]
-    it = store.submit("bench", "post", "room-capture", {"text": "capture"})
+    it = store.submit("bench", "post", "room-capture", {"message": "capture"})
     values = {"key": it.key}
     recorder.on = True
     # re-run submit on a fresh key so its statements are recorded too
     recorder.calls.clear()
-    fresh = store.submit("bench", "post", "room-capture", {"text": "capture-2"})
+    fresh = store.submit("bench", "post", "room-capture", {"message": "capture-2"})
     ops.append(list(recorder.calls))
     recorder.calls.clear()
     lease = store.begin(fresh.key, lease_seconds=60)
