@@ -214,7 +214,7 @@ class SqlStore(Operations):
         }
         if self.dialect == "postgresql":
             with self._tx(autocommit=True) as conn:
-                row = conn.execute(stmts["one"], params).mappings().first()
+                row = self._execute_compiled(conn, stmts, "one", params)
                 if row is None:
                     return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
                 return self._intent(row), True
@@ -253,7 +253,7 @@ class SqlStore(Operations):
         if hit is not None:
             return hit
         c = intents.c
-        where = [c.key == sa.bindparam("p_key"), c.state.in_(list(ev.sources))]
+        where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
         where += [SQL_GUARDS[g](c, self._now) for g in ev.guards if g not in self._disabled_guards]
         values: dict[str, Any] = {
             "state": ev.target,
@@ -299,7 +299,7 @@ class SqlStore(Operations):
             # autocommit mode: one round trip per accepted transition
             with self._tx(autocommit=True) as conn:
                 params = self._params(ev, key, args, conn)
-                row = conn.execute(stmts["one"], params).mappings().first()
+                row = self._execute_compiled(conn, stmts, "one", params)
                 if row is None:
                     raise self._diagnose(conn, ev, key, params)
                 return self._intent(row)
@@ -311,6 +311,34 @@ class SqlStore(Operations):
             for stmt in stmts["appends"]:
                 conn.execute(stmt, params)
             return self._intent(row)
+
+    def _execute_compiled(self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]):
+        """Run a cached statement through the driver directly: compiled once by SQLAlchemy (same SQL,
+        same bind processing), then sent by psycopg without SQLAlchemy's per-call execution machinery.
+        Returns the first row as a mapping, or ``None``. Driver errors surface as ``DBAPIError``."""
+        compiled = stmts.get(f"{name}.compiled")
+        if compiled is None:
+            c = stmts[name].compile(dialect=self.engine.dialect)
+            processors = {k: v for k, v in c._bind_processors.items() if v is not None}
+            compiled = (c, c.string, processors)
+            stmts[f"{name}.compiled"] = compiled
+        c, sql, processors = compiled
+        values = c.construct_params(params, _check=False)
+        for k, proc in processors.items():
+            if k in values and values[k] is not None:
+                values[k] = proc(values[k])
+        cur = conn.connection.dbapi_connection.cursor()
+        try:
+            try:
+                cur.execute(sql, values, prepare=True)
+            except Exception as exc:
+                raise sa.exc.DBAPIError.instance(sql, values, exc, type(exc)) from exc
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return dict(zip([d.name for d in cur.description], row, strict=True))
+        finally:
+            cur.close()
 
     def _appends(self, ev, src) -> list[sa.Insert | sa.Update]:
         """The append-only rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``."""

@@ -59,27 +59,21 @@ def seed(dsn: str, n: int) -> None:
 
 
 class Recorder:
-    """Captures (statement, parameters) the store sends, and counts round trips per operation."""
+    """Captures every (statement, parameters) the store sends to the driver, to count round trips
+    and to replay them raw. Wraps psycopg's cursor, so both of the store's execution paths are seen."""
 
     def __init__(self, engine: sa.Engine):
         self.calls: list[tuple[str, Any]] = []
         self.on = False
-        sa.event.listen(engine, "before_cursor_execute", self._exec)
-        sa.event.listen(engine, "begin", self._begin)
-        sa.event.listen(engine, "commit", self._commit)
+        original = psycopg.Cursor.execute
+        recorder = self
 
-    def _exec(self, conn, cursor, statement, parameters, context, executemany):
-        if self.on:
-            self.calls.append((statement, parameters))
+        def execute(cur, query, params=None, *a, **kw):
+            if recorder.on:
+                recorder.calls.append((query if isinstance(query, str) else str(query), params))
+            return original(cur, query, params, *a, **kw)
 
-    def _begin(self, conn):
-        # in autocommit mode the driver sends no BEGIN: count it only where it costs a round trip
-        if self.on and conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            self.calls.append(("BEGIN", None))
-
-    def _commit(self, conn):
-        if self.on and conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            self.calls.append(("COMMIT", None))
+        psycopg.Cursor.execute = execute
 
 
 def lifecycle(store, i: int, tag: str) -> None:
