@@ -104,12 +104,20 @@ class SqlStore(Operations):
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._now = db_now(self.dialect)
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        if self.dialect == "postgresql":  # a pool of connections that stay in autocommit: no toggling per checkout
+            size = engine.pool.size() if hasattr(engine.pool, "size") else 5
+            self._autocommit = sa.create_engine(
+                engine.url, isolation_level="AUTOCOMMIT", pool_size=size, max_overflow=size
+            )
+        else:
+            self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._disabled_guards: frozenset[str] = frozenset()
         self._cache: dict[tuple[str, frozenset[str]], dict[str, Any]] = {}
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._autocommit is not self.engine and isinstance(self._autocommit, Engine):
+            self._autocommit.dispose()
 
     # -- plumbing -------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -336,7 +344,10 @@ class SqlStore(Operations):
             row = cur.fetchone()
             if row is None:
                 return None
-            return dict(zip([d.name for d in cur.description], row, strict=True))
+            names = stmts.get(f"{name}.columns")
+            if names is None:  # the RETURNING list is fixed per statement
+                names = stmts[f"{name}.columns"] = [d.name for d in cur.description]
+            return dict(zip(names, row, strict=True))
         finally:
             cur.close()
 
