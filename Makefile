@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/atmostonce demo
 
-## the whole test suite: unit, stateful (model, SQLite, PostgreSQL), transports, end to end
+## the whole test suite: unit, stateful (model, SQLite, PostgreSQL), transports, end to end, formal
+## (installs PostgreSQL and Spin with apt-get first when they are missing)
 test: $(STAMP)
+	bash .ci/install-tools.sh
 	$(PYTEST) -n $(WORKERS) -q -p no:randomly
 
 ## spec check + lint + docs lint + fast tests, under a minute
