@@ -265,16 +265,19 @@ def parse_outcome_table(raw: Mapping[str, Any]) -> OutcomeTable:
     return OutcomeTable(MappingProxyType(errors), statuses, default)
 
 
-def load_outcome_table(path: str | Path | None = None) -> OutcomeTable:
-    """Read and validate the table at ``path`` (default :func:`outcomes_path`). Raises :class:`OutcomeTableError`."""
-    p = Path(path) if path is not None else outcomes_path()
+def read_toml(p: Path) -> dict[str, Any]:
+    """Parse a classification table file; raises :class:`OutcomeTableError` when missing or not TOML."""
     try:
-        raw = tomllib.loads(p.read_text("utf-8"))
+        return tomllib.loads(p.read_text("utf-8"))
     except FileNotFoundError as exc:
         raise OutcomeTableError(f"{p} not found") from exc
     except tomllib.TOMLDecodeError as exc:
         raise OutcomeTableError(f"{p} is not valid TOML: {exc}") from exc
-    return parse_outcome_table(raw)
+
+
+def load_outcome_table(path: str | Path | None = None) -> OutcomeTable:
+    """Read and validate the table at ``path`` (default :func:`outcomes_path`). Raises :class:`OutcomeTableError`."""
+    return parse_outcome_table(read_toml(Path(path) if path is not None else outcomes_path()))
 
 
 @functools.cache

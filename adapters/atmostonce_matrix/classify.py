@@ -26,7 +26,6 @@ inconsistent file.
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from atmostonce_http.classify import (
     OutcomeTableError,
     error_kind,
     parse_outcome_table,
+    read_toml,
 )
 
 __all__ = [
@@ -154,14 +154,7 @@ def parse_matrix_outcomes(raw: Mapping[str, Any]) -> MatrixOutcomeTable:
 
 def load_matrix_outcomes(path: str | Path | None = None) -> MatrixOutcomeTable:
     """Read and validate the table at ``path`` (default :func:`matrix_outcomes_path`)."""
-    p = Path(path) if path is not None else matrix_outcomes_path()
-    try:
-        raw = tomllib.loads(p.read_text("utf-8"))
-    except FileNotFoundError as exc:
-        raise OutcomeTableError(f"{p} not found") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise OutcomeTableError(f"{p} is not valid TOML: {exc}") from exc
-    return parse_matrix_outcomes(raw)
+    return parse_matrix_outcomes(read_toml(Path(path) if path is not None else matrix_outcomes_path()))
 
 
 @functools.cache
