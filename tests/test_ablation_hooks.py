@@ -23,7 +23,7 @@ def test_no_shipped_code_reads_an_ablation_setting_from_the_environment_or_confi
                     # only the initial empty value and the evaluation may mention it
                     assert re.search(
                         r"_disabled_guards(: frozenset\[str\])? = frozenset\(\)|in self\._disabled_guards|"
-                        r"not in self\._disabled_guards|\(ev\.name, self\._disabled_guards\)",
+                        r"not in self\._disabled_guards|\(ev\.name, self\._disabled_guards\)|self\._disabled_guards, coupled\)",
                         line,
                     ), f"{path}: {line.strip()}"
             assert "ATMOSTONCE_ABLATE" not in text and "ablat" not in text.lower(), path

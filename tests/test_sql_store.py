@@ -26,8 +26,12 @@ def test_migrations_are_recorded_and_idempotent(sql_store):
     from atmostonce_sql import upgrade
     from atmostonce_sql.migrate import current_revision
 
+    from alembic.script import ScriptDirectory
+
+    from atmostonce_sql.migrate import alembic_config
+
     upgrade(sql_store.engine)  # a second run changes nothing
-    assert current_revision(sql_store.engine) == "0001"
+    assert current_revision(sql_store.engine) == ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 @pytest.mark.parametrize("table", APPEND_ONLY_TABLES)

@@ -305,6 +305,11 @@ def cmd_spec_check(args) -> int:
     from atmostonce.table import load_table
 
     problems = check_table(load_table(args.table) if args.table else __import__("atmostonce").table())
+    if not args.table:  # the shipped table also couples the approval and claim machines (spec/*.toml)
+        from atmostonce.checks import check_machines
+        from atmostonce.table import MACHINES, machine, table
+
+        problems |= check_machines(table(), {m: machine(m) for m in MACHINES})
     _emit(args, problems, "\n".join(f"{k}: {p}" for k, ps in problems.items() for p in ps) or "table: all checks pass")
     return EXIT_REFUSED if problems else EXIT_OK
 

@@ -11,6 +11,10 @@ from sqlalchemy.dialects import postgresql
 
 __all__ = [
     "APPEND_ONLY_TABLES",
+    "CLAIM_HISTORY_TABLES",
+    "approvals",
+    "claim_history",
+    "claims",
     "contracts",
     "credentials",
     "kill_switches",
@@ -61,6 +65,7 @@ intents = sa.Table(
     sa.Column("text_hash", sa.Text, nullable=True),
     sa.Column("source_id", sa.Text, nullable=True),
     sa.Column("source_version", sa.Text, nullable=True),
+    sa.Column("requires_approval", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index(
         "aom_intents_lease_due",
         "lease_expires_at",
@@ -220,3 +225,59 @@ APPEND_ONLY_TABLES = (
     "aom_refusals",
     "aom_source_versions",
 )
+
+# Approvals and per-target dispatch claims (seeds 001-003, spec/approval.toml and spec/claim.toml).
+# One claim row per target: it carries the target's version (publication bumps it) and serializes dispatch.
+claims = sa.Table(
+    "aom_claims",
+    metadata,
+    sa.Column("target", sa.Text, primary_key=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("target_version", sa.BigInteger, nullable=False),
+    sa.Column("owner", sa.Text, nullable=True),
+    sa.Column("owner_token", sa.Text, nullable=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=True),
+    sa.Column("approval_id", sa.Text, nullable=True),
+    sa.Column("lease_expires_at", sa.Float(53), nullable=True),
+    sa.Column("updated_at", sa.Float(53), nullable=False),
+)
+approvals = sa.Table(
+    "aom_approvals",
+    metadata,
+    sa.Column("approval_id", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+    sa.Column("request_digest", sa.Text, nullable=False),
+    sa.Column("account", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("target_version", sa.BigInteger, nullable=False),
+    sa.Column("approver", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Float(53), nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("approved_at", sa.Float(53), nullable=False),
+    sa.Column("used_epoch", sa.BigInteger, nullable=True),
+    sa.Column("updated_at", sa.Float(53), nullable=False),
+    sa.CheckConstraint("length(trim(approver)) > 0", name="aom_approvals_approver"),
+    sa.Index("aom_approvals_key", "key"),
+    sa.Index("aom_approvals_due", "state", "expires_at"),
+)
+claim_history = sa.Table(
+    "aom_claim_history",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("machine", sa.Text, nullable=False),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("target", sa.Text, nullable=False),
+    sa.Column("event", sa.Text, nullable=False),
+    sa.Column("actor", sa.Text, nullable=False),
+    sa.Column("from_state", sa.Text, nullable=True),
+    sa.Column("to_state", sa.Text, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=True),
+    sa.Column("key", sa.Text, nullable=True),
+    sa.Column("detail", JSONType, nullable=False),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sa.Index("aom_claim_history_target_seq", "target", "seq"),
+    sqlite_autoincrement=True,
+)
+
+CLAIM_HISTORY_TABLES = ("aom_claim_history",)

@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from atmostonce.claims import CLAIM_FENCING_GUARDS
 from atmostonce.errors import (
     AppendOnlyViolation,
     GuardRefused,
@@ -49,6 +50,7 @@ from atmostonce.store import Operations
 from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
+from .claims import SqlClaims
 from .guards import PARAMS, SQL_GUARDS
 from .schema import (
     attempt_outcomes,
@@ -80,7 +82,7 @@ def db_now(dialect: str) -> sa.ColumnElement:
     return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float(53))
 
 
-class SqlStore(Operations):
+class SqlStore(SqlClaims, Operations):
     """A store on an SQLAlchemy engine (``postgresql`` or ``sqlite`` dialect).
 
     Build one with :func:`atmostonce_sql.open_store`. Thread-safe: each
@@ -173,6 +175,7 @@ class SqlStore(Operations):
         "text_hash",
         "source_id",
         "source_version",
+        "requires_approval",
     )
 
     def _creation_statements(self) -> dict[str, Any]:
@@ -253,16 +256,20 @@ class SqlStore(Operations):
                 params["new_generation"] = self._next_generation(conn)
         return {f"p_{k}": v for k, v in params.items()}
 
-    def _statements(self, ev) -> dict[str, Any]:
+    def _statements(self, ev, coupled: bool = False) -> dict[str, Any]:
         """Cached statements for ``ev``: the gate (``update``), the appends, the diagnosis, and on
-        PostgreSQL all of it as one statement (``one``)."""
-        cache_key = (ev.name, self._disabled_guards)
+        PostgreSQL all of it as one statement (``one``). An event that couples a claim move has two
+        forms: the fast one moves only intents without an approval requirement; ``coupled`` is the
+        one run inside the transaction that also moves the claim (see :meth:`_coupled_moves`)."""
+        cache_key = (ev.name, self._disabled_guards, coupled)
         hit = self._cache.get(cache_key)
         if hit is not None:
             return hit
         c = intents.c
         where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
         where += [SQL_GUARDS[g](c, self._now) for g in ev.guards if g not in self._disabled_guards]
+        if ev.couples and not coupled:
+            where.append(c.requires_approval.is_(sa.false()))
         values: dict[str, Any] = {
             "state": ev.target,
             "prev_state": c.state,
@@ -275,9 +282,10 @@ class SqlStore(Operations):
         diagnose = sa.select(
             c.state,
             *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)],
+            c.requires_approval,
         ).where(c.key == sa.bindparam("p_key"))
         out: dict[str, Any] = {"update": update, "diagnose": diagnose}
-        if self.dialect == "postgresql":
+        if self.dialect == "postgresql" and not coupled:
             upd = update.cte("u")
             appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self._appends(ev, upd))]
             out["one"] = sa.select(*upd.c).add_cte(*appends)
@@ -291,6 +299,10 @@ class SqlStore(Operations):
         ev = self.table.event(event)
         try:
             return self._apply_statements(ev, key, args)
+        except GuardRefused as exc:
+            if exc.event in self.claim_table.events and exc.guard in CLAIM_FENCING_GUARDS:
+                self._record_claim_refusal(exc.key, exc, getattr(exc, "presented", args))
+            raise
         except StoreError as exc:
             # a concurrent claim of the same text won: the exclusion constraint refused this one, or
             # PostgreSQL broke a wait cycle between two conflicting claims (the victim wrote nothing)
@@ -308,14 +320,34 @@ class SqlStore(Operations):
             with self._tx(autocommit=True) as conn:
                 params = self._params(ev, key, args, conn)
                 row = self._execute_compiled(conn, stmts, "one", params)
-                if row is None:
-                    raise self._diagnose(conn, ev, key, params)
-                return self._intent(row)
+                if row is not None:
+                    return self._intent(row)
+                refusal = self._diagnose(conn, ev, key, params)
+                if refusal is not None:
+                    raise refusal
+            return self._apply_coupled(ev, key, args)  # an approval-gated intent: with its claim
         with self._tx() as conn:
             params = self._params(ev, key, args, conn)
             row = conn.execute(stmts["update"], params).mappings().first()
             if row is None:
-                raise self._diagnose(conn, ev, key, params)  # the transaction rolls back
+                refusal = self._diagnose(conn, ev, key, params)
+                if refusal is not None:
+                    raise refusal  # the transaction rolls back
+            else:
+                for stmt in stmts["appends"]:
+                    conn.execute(stmt, params)
+                return self._intent(row)
+        return self._apply_coupled(ev, key, args)
+
+    def _apply_coupled(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
+        """The intent's move and its claim's (and approval's) in one transaction: all or nothing."""
+        stmts = self._statements(ev, coupled=True)
+        with self._tx() as conn:
+            params = self._params(ev, key, args, conn)
+            row = conn.execute(stmts["update"], params).mappings().first()
+            if row is None:
+                raise self._diagnose(conn, ev, key, params, coupled=True) or Rejected(ev.name, key, "lost_race", None)
+            self._coupled_moves(conn, ev, row, args)
             for stmt in stmts["appends"]:
                 conn.execute(stmt, params)
             return self._intent(row)
@@ -465,7 +497,10 @@ class SqlStore(Operations):
             }
         raise StoreError(f"effect {eff!r} has no SQL implementation")
 
-    def _diagnose(self, conn: Connection, ev, key: str, params: Mapping[str, Any]) -> Rejected:
+    def _diagnose(
+        self, conn: Connection, ev, key: str, params: Mapping[str, Any], coupled: bool = False
+    ) -> Rejected | None:
+        """Name what refused a zero-row write; ``None`` when the intent needs its coupled claim move."""
         row = conn.execute(self._statements(ev)["diagnose"], params).first()
         if row is None:
             return UnknownIntent(ev.name, key, "intent_exists", None)
@@ -474,6 +509,8 @@ class SqlStore(Operations):
         for i, g in enumerate(ev.guards):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
+        if ev.couples and row[-1] and not coupled:
+            return None
         return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
 
     def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:

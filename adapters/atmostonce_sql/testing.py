@@ -23,14 +23,14 @@ from sqlalchemy.engine import make_url
 
 from . import make_engine, normalize_url
 from .migrate import upgrade
-from .schema import intents, text_claims
+from .schema import approvals, claims, intents, text_claims
 from .store import SqlStore
 
 __all__ = ["PostgresDatabases", "SqliteDatabases", "age_leases"]
 
 
 def age_leases(store: SqlStore, seconds: float) -> None:
-    """Shift every lease deadline and text-window slot ``seconds`` into the past (the database clock
+    """Shift every lease deadline (intents, claims), approval deadline and text-window slot ``seconds`` into the past (the database clock
     advancing, as far as any guard can tell). Append-only tables are not touched."""
     c = intents.c
     t = text_claims.c
@@ -43,6 +43,12 @@ def age_leases(store: SqlStore, seconds: float) -> None:
         conn.execute(
             sa.update(text_claims).values(start_at=t.start_at - float(seconds), end_at=t.end_at - float(seconds))
         )
+        conn.execute(
+            sa.update(claims)
+            .where(claims.c.lease_expires_at.is_not(None))
+            .values(lease_expires_at=claims.c.lease_expires_at - float(seconds))
+        )
+        conn.execute(sa.update(approvals).values(expires_at=approvals.c.expires_at - float(seconds)))
 
 
 class PostgresDatabases:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .table import Table
 
-__all__ = ["CHECKS", "check_table"]
+__all__ = ["CHECKS", "MACHINE_CHECKS", "check_machines", "check_table"]
 
 
 def _machine_events(t: Table):
@@ -156,3 +156,98 @@ CHECKS: dict[str, Callable[[Table], list[str]]] = {
 def check_table(t: Table) -> dict[str, list[str]]:
     """Run every check; returns ``{check name: problems}`` with only failing checks present."""
     return {name: probs for name, f in CHECKS.items() if (probs := f(t))}
+
+
+# ---------------------------------------------------------------- the auxiliary machines (seeds 001-003)
+def _kinds(t: Table, *kinds: str) -> set[str]:
+    return {s.name for s in t.states.values() if s.kind in kinds}
+
+
+def couplings_resolve(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """Every ``couples`` entry names a known machine and one of its events; required ones are coupled."""
+    out = []
+    for owner, t in (("intent", intent), *machines.items()):
+        for e in t.events.values():
+            for m, name in e.couples.items():
+                if m not in machines:
+                    out.append(f"{owner} event {e.name}: couples unknown machine {m!r}")
+                elif name not in machines[m].events:
+                    out.append(f"{owner} event {e.name}: {m} has no event {name!r}")
+            for m in e.couples_required:
+                if m not in e.couples:
+                    out.append(f"{owner} event {e.name}: requires a {m} move it does not couple")
+    return out
+
+
+def dispatch_needs_the_claim(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """Every intent event into the in-flight state requires a claim move into the claim's dispatching state."""
+    claim = machines.get("claim")
+    if claim is None:
+        return ["no claim machine"]
+    inflight, dispatching = set(intent.states_of_kind("in_flight")), _kinds(claim, "dispatching")
+    out = []
+    for e in intent.events.values():
+        if e.target in inflight and not set(e.sources) <= inflight:
+            ce = claim.events.get(e.couples.get("claim", ""))
+            if ce is None or "claim" not in e.couples_required or ce.target not in dispatching:
+                out.append(f"intent event {e.name} authorizes a send without requiring a claim move into sending")
+    return out
+
+
+def in_flight_exits_move_the_claim(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """Every intent event leaving the in-flight state couples a claim event that leaves the dispatching state."""
+    claim = machines.get("claim")
+    if claim is None:
+        return ["no claim machine"]
+    inflight, dispatching = set(intent.states_of_kind("in_flight")), _kinds(claim, "dispatching")
+    out = []
+    for e in intent.events.values():
+        if set(e.sources) & inflight and e.target not in inflight:
+            ce = claim.events.get(e.couples.get("claim", ""))
+            if ce is None or not set(ce.sources) & dispatching or ce.target in dispatching:
+                out.append(f"intent event {e.name} leaves the in-flight state but leaves the claim sending")
+    return out
+
+
+def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """No claim event leaves a dispatching or uncertain state for a free or pre-dispatch one without an
+    evidence guard (the intent settled by remote evidence, or a human's settlement): lease expiry never
+    reclaims a claim that began sending (seed 002)."""
+    claim = machines.get("claim")
+    if claim is None:
+        return ["no claim machine"]
+    hot, cold = _kinds(claim, "dispatching", "uncertain"), _kinds(claim, "free", "pre_dispatch")
+    evidence = {g.name for g in claim.guards.values() if g.evidence}
+    return [
+        f"claim event {e.name} leaves {s!r} for {e.target!r} without an evidence guard"
+        for e in claim.events.values()
+        for s in e.sources
+        if s in hot and e.target in cold and not evidence & set(e.guards)
+    ]
+
+
+def machine_graphs_hold(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """Each auxiliary machine passes the generic graph checks: names resolve, catalogues are used, every
+    state is reachable, and no machine actor leaves a terminal state."""
+    out = []
+    for name, t in machines.items():
+        for f in (references_resolve, catalogue_used, reachable_from_initial, terminals_have_no_machine_exits):
+            out += [f"{name}: {p}" for p in f(t)]
+    return out
+
+
+MACHINE_CHECKS: dict[str, Callable[[Table, dict[str, Table]], list[str]]] = {
+    f.__name__: f
+    for f in (
+        machine_graphs_hold,
+        couplings_resolve,
+        dispatch_needs_the_claim,
+        in_flight_exits_move_the_claim,
+        uncertain_claim_left_only_on_evidence,
+    )
+}
+
+
+def check_machines(intent: Table, machines: dict[str, Table]) -> dict[str, list[str]]:
+    """Run every auxiliary-machine check; ``{check name: problems}`` with only failing checks present."""
+    return {name: probs for name, f in MACHINE_CHECKS.items() if (probs := f(intent, machines))}

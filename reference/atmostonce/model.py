@@ -22,6 +22,7 @@ from typing import Any
 
 from transitions import Machine
 
+from .claims import MemoryClaims
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
@@ -79,7 +80,7 @@ def _build_machine(t: Table) -> Machine:
     )
 
 
-class MemoryStore(Operations):
+class MemoryStore(MemoryClaims, Operations):
     """In-memory store implementing the full operation set; thread-safe by one lock.
 
     ``clock``: the store clock in seconds (default ``time.time``). ``table``: the
@@ -122,6 +123,7 @@ class MemoryStore(Operations):
             self._refusals: list[Refusal] = []
             self.source_heads: dict[str, str] = {}
             self._source_versions: dict[str, dict[str, Any]] = {}
+            self._reset_claims()
 
     def close(self) -> None:
         pass
@@ -161,6 +163,7 @@ class MemoryStore(Operations):
                 "text_hash": sub.text_hash,
                 "source_id": sub.source_id,
                 "source_version": sub.source_version,
+                "requires_approval": sub.requires_approval,
             }
             cell = _Cell(self.table.initial)
             self._machine.add_model(cell, initial=self.table.initial)
@@ -191,6 +194,7 @@ class MemoryStore(Operations):
                 getattr(self, f"_eff_{eff}")(new, args, now, event, appends)
             new["state"] = ev.target
             new["updated_at"] = now
+            coupled = self._coupled(ev, row, new, args, now)  # the claim's (and approval's) moves, checked
             opens = "open_attempt" in ev.effects
             token, gen = (
                 (new["attempt_token"], new["generation"]) if opens else (row["attempt_token"], row["generation"])
@@ -205,6 +209,7 @@ class MemoryStore(Operations):
             for target, item in appends:
                 target.append(item)
             self._history.append(entry)
+            self._commit_coupled(coupled, now)
             return self._intent(new)
 
     # -- effects (names from the table's effect catalogue) --------------------------------

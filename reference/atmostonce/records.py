@@ -26,6 +26,10 @@ from .identity import (
 )
 
 __all__ = [
+    "Approval",
+    "Claim",
+    "ClaimLease",
+    "ClaimEntry",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_RECONCILES",
@@ -78,6 +82,7 @@ class Intent:
     text_hash: str | None = None
     source_id: str | None = None
     source_version: str | None = None
+    requires_approval: bool = False
 
     @property
     def plan(self) -> Plan:
@@ -188,8 +193,81 @@ class Submission:
     text_hash: str | None = None
     source_id: str | None = None
     source_version: str | None = None
+    requires_approval: bool = False
     earlier_keys: tuple[str, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An approval of one intent's exact bytes (seed 001): the request digest, account, target and the
+    target version it was drafted against, who approved, and until when (database clock, seconds)."""
+
+    approval_id: str
+    key: DeliveryKey
+    request_digest: str
+    account: str
+    target: str
+    target_version: int
+    approver: str
+    expires_at: float
+    state: str
+    approved_at: float
+    used_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The dispatch claim of one target (seed 002): its state, epoch (fencing token), owner, the intent and
+    approval it is bound to, the lease deadline, and the target's version (publication bumps it)."""
+
+    target: str
+    state: str
+    epoch: int
+    target_version: int
+    owner: str | None
+    owner_token: str | None
+    key: DeliveryKey | None
+    approval_id: str | None
+    lease_expires_at: float | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class ClaimLease:
+    """What ``reserve_claim`` hands a worker: the target, epoch and owner token it must present to use or
+    release the claim, and the approval it reserved under."""
+
+    target: str
+    epoch: int
+    owner_token: str
+    owner: str
+    key: DeliveryKey
+    approval_id: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    """One append-only row of a claim's or an approval's history, ordered by the store's ``seq``."""
+
+    seq: int
+    machine: str
+    subject: str
+    event: str
+    actor: str
+    from_state: str | None
+    to_state: str
+    epoch: int | None
+    key: DeliveryKey | None
+    detail: Mapping[str, Any]
+    recorded_at: float
+
+
+def _flag(name: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise IntakeError(f"{name} must be true or false, got {v!r}")
+    return v
 
 
 def _reject_datetimes(v: Any, path: str, depth: int = 0) -> None:
@@ -224,6 +302,7 @@ def prepare_submission(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     text_field: str = "text",
     source: tuple[str, str] | None = None,
+    requires_approval: bool = False,
 ) -> Submission:
     """Validate intake and compute the delivery key and request digest.
 
@@ -260,6 +339,7 @@ def prepare_submission(
         normalizer_version=identity.NORMALIZER_VERSION,
         source_id=None if source is None else check_text("source id", source[0], max_chars=2048),
         source_version=None if source is None else check_text("source version", source[1], max_chars=128),
+        requires_approval=_flag("requires_approval", requires_approval),
         # the same delivery under each older normalizer still recognized: found, never duplicated
         earlier_keys=tuple(
             delivery_key(account, action_kind, target, stored, version=v)

@@ -16,12 +16,14 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from . import identity
+from .claims import ClaimOperations, claim_args
 from .errors import GuardRefused, IntakeError, Rejected
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RECONCILES,
     Attempt,
+    ClaimLease,
     HistoryEntry,
     Intent,
     Lease,
@@ -79,7 +81,7 @@ def _plan_args(plan: Plan) -> dict[str, Any]:
     }
 
 
-class Operations:
+class Operations(ClaimOperations):
     """Public operations shared by every store. Subclasses provide the primitives below."""
 
     table: Table
@@ -117,8 +119,12 @@ class Operations:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_reconciles: int = DEFAULT_MAX_RECONCILES,
         source: tuple[str, str] | None = None,
+        requires_approval: bool = False,
     ) -> Intent:
         """Create the intent for this delivery, or return the existing one with the same key.
+
+        ``requires_approval=True``: the intent is dispatched only under an approval of its exact bytes
+        and its target's dispatch claim (:meth:`approve`, :meth:`reserve_claim`; seeds 001-002).
 
         ``source`` is ``(source_id, version)`` when the intent rests on a captured source version
         (see :meth:`capture_source`); it is then skipped before any spend, and refused at publish
@@ -135,6 +141,7 @@ class Operations:
             max_reconciles=max_reconciles,
             max_payload_bytes=self.max_payload_bytes,
             source=source,
+            requires_approval=requires_approval,
         )
         return self._create(sub)[0]
 
@@ -178,23 +185,30 @@ class Operations:
         credential_version: str | None = None,
         platform: str | None = None,
         contract_version: str | None = None,
+        claim: ClaimLease | None = None,
     ) -> Intent:
         """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends.
 
         Re-checks, in that one write, everything checked earlier: the lease (token, generation,
         restore epoch, deadline), the exact request digest, the kill switches, the account's
-        credential version, the platform contract version, and the duplicate-text window.
-        Raises ``GuardRefused`` naming the first condition that failed; ``IntakeError`` for bad input.
+        credential version, the platform contract version, and the duplicate-text window; for an
+        approval-gated intent also, in the same atomic step, the target claim ``claim`` (owner token,
+        epoch, lease), its approval (live, binding this digest, account and target) and the target
+        version, which it bumps (seed 001). Raises ``GuardRefused`` naming the first condition that failed; ``IntakeError`` for bad input.
         """
         secs = validate_lease_seconds("send_lease_seconds", send_lease_seconds)
-        args = _lease_args(lease) | {
-            "request_digest": check_text("request_digest", request_digest, max_chars=128),
-            "lease_seconds": secs,
-            "descriptor": check_json_object("descriptor", descriptor or {}),
-            "credential_version": _optional_text("credential_version", credential_version),
-            "platform": _optional_text("platform", platform),
-            "contract_version": _optional_text("contract_version", contract_version),
-        }
+        args = (
+            _lease_args(lease)
+            | {
+                "request_digest": check_text("request_digest", request_digest, max_chars=128),
+                "lease_seconds": secs,
+                "descriptor": check_json_object("descriptor", descriptor or {}),
+                "credential_version": _optional_text("credential_version", credential_version),
+                "platform": _optional_text("platform", platform),
+                "contract_version": _optional_text("contract_version", contract_version),
+            }
+            | claim_args(claim)
+        )
         return self._move("authorize_dispatch", lease.key, args)
 
     def block_at_gate(self, lease: Lease, *, reason: str) -> Intent:

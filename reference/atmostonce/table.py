@@ -15,7 +15,7 @@ import functools
 import json
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -30,10 +30,16 @@ __all__ = [
     "State",
     "Table",
     "TableError",
+    "MACHINES",
+    "load_machine",
     "load_table",
+    "machine",
     "spec_dir",
     "table",
 ]
+
+MACHINES = ("approval", "claim")
+"""The auxiliary machines beside the intent table: ``spec/<name>.toml``, validated by ``machine.schema.json``."""
 
 
 class TableError(ValueError):
@@ -65,6 +71,7 @@ class Guard:
     seed: str
     proof_of_absence: bool = False
     policy: bool = False
+    evidence: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,8 @@ class Event:
     guards: tuple[str, ...]
     effects: tuple[str, ...]
     seed: str
+    couples: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    couples_required: tuple[str, ...] = ()
 
     @property
     def creates(self) -> bool:
@@ -185,6 +194,8 @@ def parse_table(raw: Mapping[str, Any], schema: Mapping[str, Any] | None = None)
             guards=tuple(ev["guards"]),
             effects=tuple(ev["effects"]),
             seed=ev["seed"],
+            couples=MappingProxyType(dict(ev.get("couples", {}))),
+            couples_required=tuple(ev.get("couples_required", ())),
         )
     return Table(
         name=raw["name"],
@@ -195,12 +206,12 @@ def parse_table(raw: Mapping[str, Any], schema: Mapping[str, Any] | None = None)
         guards=_freeze({k: Guard(name=k, **v) for k, v in raw["guards"].items()}),
         effects=_freeze({k: Effect(k, v["meaning"]) for k, v in raw["effects"].items()}),
         events=_freeze(events),
-        outcomes=_freeze({k: Outcome(name=k, **v) for k, v in raw["outcomes"].items()}),
+        outcomes=_freeze({k: Outcome(name=k, **v) for k, v in raw.get("outcomes", {}).items()}),
     )
 
 
-def load_table(path: str | Path | None = None) -> Table:
-    """Read and validate a table file (default: the shipped ``table.toml``).
+def load_table(path: str | Path | None = None, *, schema: str = "table.schema.json") -> Table:
+    """Read and validate a table file (default: the shipped ``table.toml``) against ``spec/<schema>``.
 
     Raises :class:`TableError` for a missing file, bad TOML, or a schema violation.
     """
@@ -211,7 +222,23 @@ def load_table(path: str | Path | None = None) -> Table:
         raise TableError(f"no table at {p}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise TableError(f"{p} is not valid TOML: {exc}") from exc
-    return parse_table(raw)
+    return parse_table(raw, json.loads((spec_dir() / schema).read_text("utf-8")))
+
+
+def load_machine(name: str, path: str | Path | None = None) -> Table:
+    """Read an auxiliary machine (``"approval"`` or ``"claim"``: ``spec/<name>.toml``) with the machine schema.
+
+    Raises :class:`TableError` for an unknown name, a missing file, bad TOML, or a schema violation.
+    """
+    if name not in MACHINES:
+        raise TableError(f"unknown machine {name!r}; known: {', '.join(MACHINES)}")
+    return load_table(path if path is not None else spec_dir() / f"{name}.toml", schema="machine.schema.json")
+
+
+@functools.cache
+def machine(name: str) -> Table:
+    """The project's auxiliary machine ``name`` (seeds 001-003: approvals, per-target claims), loaded once."""
+    return load_machine(name)
 
 
 @functools.cache

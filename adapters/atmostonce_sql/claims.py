@@ -1,0 +1,479 @@
+"""SQL engine for the approval and claim machines (spec/approval.toml, spec/claim.toml; seeds 001-003).
+
+Each move is one conditional ``UPDATE ... WHERE <source states> AND <guard fragments> RETURNING``
+on ``aom_claims`` or ``aom_approvals``, with a follow-up ``SELECT`` of the same fragments after zero
+rows to name the guard that refused. An approval-gated intent's move and its coupled claim (and
+approval) moves run in one transaction, intent first, then claim, then approval (one lock order,
+so no cycle), and either all commit or none does. Every accepted move appends a row to
+``aom_claim_history`` (append-only, ordered by its ``seq``).
+
+Fragments take ``(c, now, x)``: ``c`` the machine table's columns, ``now`` the database clock
+(seconds), ``x`` a :class:`Refs` with the expressions of the intent key and approval id a guard
+compares (bound parameters for direct moves, the claim row's own columns for coupled ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from atmostonce.claims import CLAIM_FENCING_GUARDS, settled_dispositions
+from atmostonce.errors import GuardRefused, IllegalMove, Rejected, UnknownIntent
+from atmostonce.records import Approval, Claim, ClaimEntry, check_limit, check_text
+
+from .schema import approvals, claim_history, claims, intents, refusals
+
+__all__ = ["APPROVAL_SQL_GUARDS", "CLAIM_SQL_GUARDS", "SqlClaims"]
+
+
+def _p(name: str, type_: Any = None) -> sa.BindParameter:
+    return sa.bindparam(f"c_{name}", type_=sa.Text() if type_ is None else type_, required=False)
+
+
+@dataclass(frozen=True)
+class Refs:
+    key: Any  # the intent key the move is for
+    approval_id: Any  # the approval the move is under
+    table: Any  # the intent table (atmostonce.table.Table), for state names
+    approval_table: Any
+
+
+def _named(expr) -> sa.ColumnElement:
+    return sa.func.length(sa.func.trim(expr)) > 0
+
+
+# ------------------------------------------------------------------ claim guards
+def intent_queued(c, now, x):
+    i = intents.c
+    return sa.exists().where(i.key == x.key, i.state == sa.literal(x.table.initial, sa.Text))
+
+
+def approval_usable(c, now, x):
+    a = approvals.c
+    return sa.exists().where(
+        a.approval_id == x.approval_id, a.state == sa.literal(x.approval_table.initial, sa.Text), a.expires_at > now
+    )
+
+
+def approval_binds_request(c, now, x):
+    a, i = approvals.c, intents.c
+    return sa.exists().where(
+        a.approval_id == x.approval_id,
+        a.key == x.key,
+        i.key == a.key,
+        a.request_digest == _p("request_digest"),
+        a.request_digest == i.request_digest,
+        a.account == i.account,
+        a.target == i.target,
+        a.target == c.target,
+    )
+
+
+def target_version_current(c, now, x):
+    a = approvals.c
+    return sa.exists().where(a.approval_id == x.approval_id, a.target_version == c.target_version)
+
+
+def claim_owner(c, now, x):
+    return sa.and_(c.owner_token == _p("claim_token"), c.epoch == _p("claim_epoch", sa.BigInteger()))
+
+
+def claim_lease_live(c, now, x):
+    return c.lease_expires_at > now
+
+
+def claim_lease_expired(c, now, x):
+    return c.lease_expires_at <= now
+
+
+def bound_to_intent(c, now, x):
+    return c.key == x.key
+
+
+def intent_settled(c, now, x):
+    i = intents.c
+    settled = [sa.literal(s, sa.Text) for s in settled_dispositions(x.table)]
+    return sa.exists().where(i.key == x.key, i.state.in_(settled))
+
+
+def operator_named(c, now, x):
+    return _named(_p("operator"))
+
+
+CLAIM_SQL_GUARDS = {
+    f.__name__: f
+    for f in (
+        intent_queued,
+        approval_usable,
+        approval_binds_request,
+        target_version_current,
+        claim_owner,
+        claim_lease_live,
+        claim_lease_expired,
+        bound_to_intent,
+        intent_settled,
+        operator_named,
+    )
+}
+
+
+# ------------------------------------------------------------------ approval guards
+def approver_identified(c, now, x):
+    return _named(_p("approver"))
+
+
+def approval_deadline_passed(c, now, x):
+    return c.expires_at <= now
+
+
+def approval_deadline_ahead(c, now, x):
+    return c.expires_at > now
+
+
+def withdrawer_identified(c, now, x):
+    return _named(_p("operator"))
+
+
+APPROVAL_SQL_GUARDS = {
+    f.__name__: f
+    for f in (approver_identified, approval_deadline_passed, approval_deadline_ahead, withdrawer_identified)
+}
+
+
+class SqlClaims:
+    """Approval and claim primitives for :class:`~atmostonce_sql.store.SqlStore` (mixed in)."""
+
+    # -- building blocks -----------------------------------------------------------------------
+    def _machine(self, mname: str):
+        return (
+            (self.approval_table, approvals, APPROVAL_SQL_GUARDS, approvals.c.approval_id)
+            if mname == "approval"
+            else (self.claim_table, claims, CLAIM_SQL_GUARDS, claims.c.target)
+        )
+
+    def _refs(self, mname: str, coupled: bool) -> Refs:
+        if coupled and mname == "claim":  # the claim row's own binding
+            return Refs(_p("key"), claims.c.approval_id, self.table, self.approval_table)
+        return Refs(_p("key"), _p("approval_id"), self.table, self.approval_table)
+
+    def _aux_statements(self, mname: str, event: str, coupled: bool) -> dict[str, Any]:
+        cache_key = (f"<{mname}>{event}", self._disabled_guards, coupled)
+        hit = self._cache.get(cache_key)
+        if hit is not None:
+            return hit
+        t, tbl, guards, subject = self._machine(mname)
+        ev = t.event(event)
+        c, x = tbl.c, self._refs(mname, coupled)
+        where = [subject == _p("subject"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
+        where += [guards[g](c, self._now, x) for g in ev.guards if g not in self._disabled_guards]
+        values: dict[str, Any] = {"state": ev.target, "updated_at": self._now}
+        for eff in ev.effects:
+            values.update(self._aux_effect_values(eff, c))
+        update = sa.update(tbl).where(*where).values(**values).returning(*tbl.c)
+        diagnose = sa.select(c.state, *[sa.case((guards[g](c, self._now, x), 1), else_=0) for g in ev.guards]).where(
+            subject == _p("subject")
+        )
+        out = {"update": update, "diagnose": diagnose, "event": ev}
+        self._cache[cache_key] = out
+        return out
+
+    def _aux_effect_values(self, eff: str, c) -> dict[str, Any]:
+        if eff == "take_claim":
+            return {
+                "epoch": c.epoch + 1,
+                "owner_token": _p("new_token"),
+                "owner": _p("owner"),
+                "key": _p("key"),
+                "approval_id": _p("approval_id"),
+                "lease_expires_at": self._now + _p("claim_lease_seconds", sa.Float(53)),
+            }
+        if eff == "drop_claim":
+            return {"owner_token": None, "owner": None, "key": None, "approval_id": None, "lease_expires_at": None}
+        if eff == "bump_target_version":
+            return {"target_version": c.target_version + 1}
+        if eff == "extend_claim_lease":
+            return {"lease_expires_at": self._now + _p("lease_seconds", sa.Float(53))}
+        if eff == "mark_used":
+            return {"used_epoch": _p("claim_epoch", sa.BigInteger())}
+        raise KeyError(f"effect {eff!r} has no SQL implementation")
+
+    @staticmethod
+    def _aux_params(subject: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        names = (
+            "key",
+            "approval_id",
+            "request_digest",
+            "claim_token",
+            "claim_epoch",
+            "owner",
+            "operator",
+            "approver",
+            "new_token",
+            "claim_lease_seconds",
+            "lease_seconds",
+        )
+        out = {f"c_{n}": args.get(n) for n in names}
+        out["c_subject"] = subject
+        return out
+
+    def _aux_step(self, conn: Connection, mname: str, event: str, subject: str, args, *, coupled: bool = False):
+        """One conditional write of ``event`` on ``subject``; returns the moved row or raises the refusal."""
+        stmts = self._aux_statements(mname, event, coupled)
+        params = self._aux_params(subject, args)
+        row = conn.execute(stmts["update"], params).mappings().first()
+        if row is None:
+            raise self._aux_diagnose(conn, stmts, subject, params)
+        return row
+
+    def _aux_diagnose(self, conn: Connection, stmts, subject: str, params) -> Rejected:
+        ev = stmts["event"]
+        found = conn.execute(stmts["diagnose"], params).first()
+        if found is None:
+            return UnknownIntent(ev.name, subject, "subject_exists", None)
+        if found[0] not in ev.sources:
+            return IllegalMove(ev.name, subject, "source_state", found[0])
+        for i, g in enumerate(ev.guards):
+            if not found[i + 1]:
+                return GuardRefused(ev.name, subject, g, found[0])
+        return Rejected(ev.name, subject, "lost_race", found[0], "the row changed between the write and the diagnosis")
+
+    def _aux_history(self, conn, mname, subject, target, event, actor, from_state, row, args) -> None:
+        detail = {k: args[k] for k in ("owner", "operator", "approver", "reason") if args.get(k)}
+        conn.execute(
+            sa.insert(claim_history).values(
+                machine=mname,
+                subject=subject,
+                target=target,
+                event=event,
+                actor=actor,
+                from_state=from_state,
+                to_state=row["state"],
+                epoch=row.get("epoch") if mname == "claim" else None,
+                key=row.get("key"),
+                detail=detail,
+                recorded_at=self._now,
+            )
+        )
+
+    def _ensure_claim_row(self, conn: Connection, target: str) -> None:
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        conn.execute(
+            insert(claims)
+            .values(target=target, state=self.claim_table.initial, epoch=0, target_version=0, updated_at=self._now)
+            .on_conflict_do_nothing(index_elements=["target"])
+        )
+
+    def _claim_row_before(self, conn, target):
+        return conn.execute(sa.select(claims).where(claims.c.target == target)).mappings().first()
+
+    # -- primitives -----------------------------------------------------------------------------
+    def _approve(self, args):
+        ev = next(e for e in self.approval_table.events.values() if e.creates)
+        with self._tx() as conn:
+            it = conn.execute(sa.select(intents.c.target).where(intents.c.key == args["key"])).first()
+            if it is None:
+                raise UnknownIntent(ev.name, args["key"], "intent_exists", None)
+            self._ensure_claim_row(conn, it[0])
+            i, cl = intents.c, claims.c
+            x = self._refs("approval", False)
+            checks = [
+                APPROVAL_SQL_GUARDS[g](approvals.c, self._now, x) for g in ev.guards if g not in self._disabled_guards
+            ]
+            version = sa.func.coalesce(_p("target_version", sa.BigInteger()), cl.target_version)
+            src = (
+                sa.select(
+                    _p("approval_id"),
+                    i.key,
+                    sa.func.coalesce(_p("request_digest"), i.request_digest),
+                    i.account,
+                    i.target,
+                    version,
+                    _p("approver"),
+                    self._now + _p("expires_in", sa.Float(53)),
+                    sa.literal(ev.target, sa.Text),
+                    self._now,
+                    self._now,
+                )
+                .select_from(intents.join(claims, cl.target == i.target))
+                .where(i.key == _p("key"), *checks)
+            )
+            cols = [
+                "approval_id",
+                "key",
+                "request_digest",
+                "account",
+                "target",
+                "target_version",
+                "approver",
+                "expires_at",
+                "state",
+                "approved_at",
+                "updated_at",
+            ]
+            params = self._aux_params(args["approval_id"], args) | {
+                "c_target_version": args["target_version"],
+                "c_expires_in": args["expires_in"],
+            }
+            row = (
+                conn.execute(sa.insert(approvals).from_select(cols, src).returning(*approvals.c), params)
+                .mappings()
+                .first()
+            )
+            if row is None:
+                for g in ev.guards:  # the only other reason for zero rows
+                    ok = conn.execute(sa.select(APPROVAL_SQL_GUARDS[g](approvals.c, self._now, x)), params).scalar()
+                    if not ok:
+                        raise GuardRefused(ev.name, args["key"], g, None)
+                raise Rejected(ev.name, args["key"], "lost_race", None)  # pragma: no cover
+            actor = f"approver:{args['approver']}"
+            self._aux_history(conn, "approval", row["approval_id"], row["target"], ev.name, actor, None, row, args)
+            return _approval(row)
+
+    def _claim_move(self, event, target, args):
+        try:
+            with self._tx() as conn:
+                self._ensure_claim_row(conn, target)
+                before = self._claim_row_before(conn, target)
+                row = self._aux_step(conn, "claim", event, target, args)
+                actor = self.claim_table.event(event).actor
+                self._aux_history(conn, "claim", target, target, event, actor, before["state"], row, args)
+                return _claim(row)
+        except GuardRefused as exc:
+            if exc.guard in CLAIM_FENCING_GUARDS:
+                self._record_claim_refusal(target, exc, args)
+            raise
+
+    def _approval_move(self, event, approval_id, args):
+        with self._tx() as conn:
+            before = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
+            if before is None:
+                raise UnknownIntent(event, approval_id, "approval_exists", None)
+            row = self._aux_step(conn, "approval", event, approval_id, args)
+            actor = f"operator:{args['operator']}" if args.get("operator") else self.approval_table.event(event).actor
+            self._aux_history(conn, "approval", approval_id, row["target"], event, actor, before["state"], row, args)
+            return _approval(row)
+
+    def _coupled_moves(self, conn: Connection, ev, intent_row: Mapping[str, Any], args: Mapping[str, Any]) -> None:
+        """The claim (and approval) moves an approval-gated intent's move carries, in its transaction.
+        A non-required coupling applies only when the claim is bound to the intent and in a source state."""
+        cev_name = ev.couples.get("claim")
+        if cev_name is None:
+            return
+        cev = self.claim_table.event(cev_name)
+        target, key = intent_row["target"], intent_row["key"]
+        self._ensure_claim_row(conn, target)
+        before = self._claim_row_before(conn, target)
+        bound = before["key"] is not None and before["key"] == key
+        if "claim" not in ev.couples_required and (not bound or before["state"] not in cev.sources):
+            return
+        inputs = dict(args) | {"key": key}
+        try:
+            row = self._aux_step(conn, "claim", cev_name, target, inputs, coupled=True)
+        except GuardRefused as exc:
+            exc.presented = inputs  # type: ignore[attr-defined]
+            raise
+        actor = f"operator:{args['operator']}" if args.get("operator") else cev.actor
+        self._aux_history(conn, "claim", target, target, cev_name, actor, before["state"], row, inputs)
+        aev = cev.couples.get("approval")
+        if aev is not None:
+            aid = before["approval_id"]
+            a_before = conn.execute(sa.select(approvals.c.state).where(approvals.c.approval_id == aid)).scalar()
+            arow = self._aux_step(conn, "approval", aev, aid, inputs | {"claim_epoch": before["epoch"]})
+            self._aux_history(conn, "approval", aid, target, aev, cev.actor, a_before, arow, inputs)
+
+    def _record_claim_refusal(self, target: str, exc: GuardRefused, args: Mapping[str, Any]) -> None:
+        with self._tx() as conn:
+            row = self._claim_row_before(conn, target)
+            if row is None:
+                return
+            last = conn.execute(
+                sa.select(sa.func.max(claim_history.c.seq)).where(
+                    claim_history.c.target == target, claim_history.c.machine == "claim"
+                )
+            ).scalar_one()
+            conn.execute(
+                sa.insert(refusals).values(
+                    key=f"claim:{target}",
+                    event=exc.event,
+                    guard=exc.guard,
+                    presented={
+                        "owner": args.get("owner"),
+                        "claim_epoch": args.get("claim_epoch"),
+                        "key": args.get("key"),
+                    },
+                    current={"state": row["state"], "epoch": row["epoch"], "owner": row["owner"], "key": row["key"]},
+                    superseded_by_seq=last,
+                    recorded_at=self._now,
+                )
+            )
+
+    # -- reads ------------------------------------------------------------------------------------
+    def claim(self, target: str) -> Claim | None:
+        check_text("target", target, max_chars=1024)
+        with self._tx() as conn:
+            row = self._claim_row_before(conn, target)
+            return None if row is None else _claim(row)
+
+    def approval(self, approval_id: str) -> Approval:
+        check_text("approval id", approval_id, max_chars=128)
+        with self._tx() as conn:
+            row = conn.execute(sa.select(approvals).where(approvals.c.approval_id == approval_id)).mappings().first()
+        if row is None:
+            raise UnknownIntent("approval", approval_id, "approval_exists", None)
+        return _approval(row)
+
+    def approvals(self, key: str) -> list[Approval]:
+        q = (
+            sa.select(approvals)
+            .where(approvals.c.key == key)
+            .order_by(approvals.c.approved_at, approvals.c.approval_id)
+        )
+        with self._tx() as conn:
+            return [_approval(r) for r in conn.execute(q).mappings()]
+
+    def due_approvals(self, limit: int = 100) -> list[Approval]:
+        check_limit(limit)
+        a = approvals.c
+        q = (
+            sa.select(approvals)
+            .where(a.state == self.approval_table.initial, a.expires_at <= self._now)
+            .order_by(a.expires_at)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return [_approval(r) for r in conn.execute(q).mappings()]
+
+    def claim_history(self, target: str) -> list[ClaimEntry]:
+        q = sa.select(claim_history).where(claim_history.c.target == target).order_by(claim_history.c.seq)
+        with self._tx() as conn:
+            return [
+                ClaimEntry(
+                    r["seq"],
+                    r["machine"],
+                    r["subject"],
+                    r["event"],
+                    r["actor"],
+                    r["from_state"],
+                    r["to_state"],
+                    r["epoch"],
+                    r["key"],
+                    r["detail"] if not isinstance(r["detail"], str) else __import__("json").loads(r["detail"]),
+                    r["recorded_at"],
+                )
+                for r in conn.execute(q).mappings()
+            ]
+
+
+def _approval(row: Mapping[str, Any]) -> Approval:
+    return Approval(**{k: row[k] for k in Approval.__dataclass_fields__})
+
+
+def _claim(row: Mapping[str, Any]) -> Claim:
+    return Claim(**{k: row[k] for k in Claim.__dataclass_fields__})

@@ -1,0 +1,551 @@
+"""Approvals bound to exact bytes and per-target dispatch claims (seeds 001, 002, 003).
+
+Two auxiliary machines sit beside the intent table: ``spec/approval.toml`` (one row per approval)
+and ``spec/claim.toml`` (one row per target). Their states, events and guards come from those
+files alone; this module holds
+
+* the model predicates of both guard catalogues (:data:`APPROVAL_GUARDS`, :data:`CLAIM_GUARDS`),
+  each ``(row, args, now, world) -> bool`` like :mod:`atmostonce.guards`;
+* :class:`ClaimOperations`, the public operations every store shares (approve, reserve, release,
+  expire, withdraw, reads), so the model and the SQL stores accept the same input;
+* :class:`MemoryClaims`, the in-memory engine the reference model mixes in.
+
+An intent submitted with ``requires_approval=True`` is dispatched only under its target's claim:
+intent events name a claim event in ``couples`` and the store makes both moves (and the approval's,
+when the claim event couples one) in one atomic step, or neither. Parallel drafting stays allowed:
+any number of pending intents and approvals may exist for one target; only dispatch is serialized.
+
+Errors: :class:`~atmostonce.errors.GuardRefused` / :class:`~atmostonce.errors.IllegalMove` naming
+the refusing guard (of whichever machine refused), :class:`~atmostonce.errors.UnknownIntent` for
+an unknown key, approval or target, :class:`~atmostonce.errors.IntakeError` for bad input.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
+from .records import Approval, Claim, ClaimEntry, ClaimLease, check_text, validate_lease_seconds
+from .table import Table, machine
+
+__all__ = [
+    "APPROVAL_GUARDS",
+    "CLAIM_GUARDS",
+    "CLAIM_FENCING_GUARDS",
+    "ClaimOperations",
+    "MemoryClaims",
+    "settled_dispositions",
+]
+
+SETTLED_DISPOSITIONS = ("done", "retryable")
+"""Intent dispositions that settle a send: the object exists (done) or proof nothing was sent (retryable)."""
+
+CLAIM_FENCING_GUARDS = ("claim_owner",)
+"""Claim guards whose refusal is recorded with who presented what (seed 003)."""
+
+
+def settled_dispositions(t: Table) -> tuple[str, ...]:
+    """The intent states (from the table) whose disposition settles a send."""
+    return tuple(s.name for s in t.states.values() if s.disposition in SETTLED_DISPOSITIONS)
+
+
+def _named(v: Any) -> bool:
+    return isinstance(v, str) and v.strip() != ""
+
+
+# ------------------------------------------------------------------ approval guards (spec/approval.toml)
+def approver_identified(row, args, now, world) -> bool:
+    return _named(args.get("approver"))
+
+
+def approval_deadline_passed(row, args, now, world) -> bool:
+    return row["expires_at"] <= now
+
+
+def approval_deadline_ahead(row, args, now, world) -> bool:
+    return row["expires_at"] > now
+
+
+def withdrawer_identified(row, args, now, world) -> bool:
+    return _named(args.get("operator"))
+
+
+APPROVAL_GUARDS: dict[str, Callable[..., bool]] = {
+    f.__name__: f
+    for f in (approver_identified, approval_deadline_passed, approval_deadline_ahead, withdrawer_identified)
+}
+
+
+# ------------------------------------------------------------------ claim guards (spec/claim.toml)
+# ``args["intent"]`` is the intent row the move is for (after the intent's own move, when coupled);
+# ``args["approval"]`` the presented approval's row, or None.
+def intent_queued(row, args, now, world) -> bool:
+    it = args.get("intent")
+    return it is not None and it["state"] == world.table.initial
+
+
+def approval_usable(row, args, now, world) -> bool:
+    a = args.get("approval")
+    return a is not None and a["state"] == world.approval_table.initial and a["expires_at"] > now
+
+
+def approval_binds_request(row, args, now, world) -> bool:
+    a, it = args.get("approval"), args.get("intent")
+    return (
+        a is not None
+        and it is not None
+        and a["key"] == it["key"]
+        and a["request_digest"] == args.get("request_digest")
+        and a["request_digest"] == it["request_digest"]
+        and a["account"] == it["account"]
+        and a["target"] == it["target"] == row["target"]
+    )
+
+
+def target_version_current(row, args, now, world) -> bool:
+    a = args.get("approval")
+    return a is not None and a["target_version"] == row["target_version"]
+
+
+def claim_owner(row, args, now, world) -> bool:
+    return (
+        row["owner_token"] is not None
+        and row["owner_token"] == args.get("claim_token")
+        and row["epoch"] == args.get("claim_epoch")
+    )
+
+
+def claim_lease_live(row, args, now, world) -> bool:
+    return row["lease_expires_at"] is not None and row["lease_expires_at"] > now
+
+
+def claim_lease_expired(row, args, now, world) -> bool:
+    return row["lease_expires_at"] is not None and row["lease_expires_at"] <= now
+
+
+def bound_to_intent(row, args, now, world) -> bool:
+    return row["key"] is not None and row["key"] == args.get("key")
+
+
+def intent_settled(row, args, now, world) -> bool:
+    it = args.get("intent")
+    return it is not None and it["state"] in settled_dispositions(world.table)
+
+
+def operator_named(row, args, now, world) -> bool:
+    return _named(args.get("operator"))
+
+
+CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
+    f.__name__: f
+    for f in (
+        intent_queued,
+        approval_usable,
+        approval_binds_request,
+        target_version_current,
+        claim_owner,
+        claim_lease_live,
+        claim_lease_expired,
+        bound_to_intent,
+        intent_settled,
+        operator_named,
+    )
+}
+
+
+def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
+    if not isinstance(lease, ClaimLease):
+        raise IntakeError(f"expected a ClaimLease from reserve_claim(), got {type(lease).__name__}")
+    return {
+        "claim_token": check_text("claim owner token", lease.owner_token, max_chars=128),
+        "claim_epoch": lease.epoch if isinstance(lease.epoch, int) and not isinstance(lease.epoch, bool) else None,
+        "approval_id": check_text("approval id", lease.approval_id, max_chars=128),
+        "owner": check_text("claim owner", lease.owner, max_chars=256),
+        "key": check_text("key", lease.key, max_chars=256),
+    }
+
+
+def claim_args(lease: ClaimLease | None) -> dict[str, Any]:
+    """What an intent move carries for its coupled claim move (empty without a claim)."""
+    return {} if lease is None else _claim_lease_args(lease)
+
+
+class ClaimOperations:
+    """Public approval and claim operations shared by every store; subclasses provide the primitives."""
+
+    table: Table
+    approval_table: Table = machine("approval")
+    claim_table: Table = machine("claim")
+
+    # -- primitives -------------------------------------------------------------------------
+    def _approve(self, args: Mapping[str, Any]) -> Approval:  # pragma: no cover
+        raise NotImplementedError
+
+    def _claim_move(self, event: str, target: str, args: Mapping[str, Any]) -> Claim:  # pragma: no cover
+        raise NotImplementedError
+
+    def _approval_move(self, event: str, approval_id: str, args: Mapping[str, Any]) -> Approval:  # pragma: no cover
+        raise NotImplementedError
+
+    def claim(self, target: str) -> Claim | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def approval(self, approval_id: str) -> Approval:  # pragma: no cover
+        raise NotImplementedError
+
+    def approvals(self, key: str) -> list[Approval]:  # pragma: no cover
+        raise NotImplementedError
+
+    def due_approvals(self, limit: int = 100) -> list[Approval]:  # pragma: no cover
+        raise NotImplementedError
+
+    def claim_history(self, target: str) -> list[ClaimEntry]:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- operations -------------------------------------------------------------------------
+    def approve(
+        self,
+        key: str,
+        *,
+        approver: str,
+        expires_in: float,
+        request_digest: str | None = None,
+        target_version: int | None = None,
+    ) -> Approval:
+        """Approve intent ``key``'s exact bytes for ``expires_in`` seconds (database clock).
+
+        ``request_digest`` is the digest of the wire bytes the approver saw (default: the intent's);
+        ``target_version`` the target version the draft was written against (default: the current one).
+        An approval binds digest, account, target and version; editing the draft (new bytes) needs a
+        new approval. Raises ``GuardRefused`` (``approver_identified``) for a blank approver,
+        ``UnknownIntent`` for an unknown key, ``IntakeError`` for bad input. Seed 001.
+        """
+        args = {
+            "key": check_text("key", key, max_chars=256),
+            "approver": check_text("approver", approver, allow_blank=True, max_chars=256),
+            "expires_in": validate_lease_seconds("expires_in", expires_in),
+            "request_digest": None if request_digest is None else check_text("request_digest", request_digest),
+            "target_version": _version(target_version),
+            "approval_id": "apv_" + secrets.token_hex(12),
+        }
+        return self._approve(args)
+
+    def reserve_claim(
+        self, key: str, *, approval_id: str, request_digest: str, owner: str, lease_seconds: float = 30.0
+    ) -> ClaimLease:
+        """Reserve the dispatch claim of intent ``key``'s target under approval ``approval_id`` for
+        ``lease_seconds`` (database clock); replaces an expired reservation (epoch + 1, the old token
+        is void). ``request_digest`` is the digest of the bytes this worker means to send.
+
+        Raises ``GuardRefused`` naming the refusing claim guard (``approval_usable``,
+        ``approval_binds_request``, ``target_version_current``, ``intent_queued``,
+        ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. Seed 002.
+        """
+        args = {
+            "key": check_text("key", key, max_chars=256),
+            "approval_id": check_text("approval id", approval_id, max_chars=128),
+            "request_digest": check_text("request_digest", request_digest, max_chars=128),
+            "owner": check_text("owner", owner, max_chars=256),
+            "claim_lease_seconds": validate_lease_seconds("lease_seconds", lease_seconds),
+            "new_token": "clm_" + secrets.token_hex(16),
+        }
+        target = self.get(args["key"]).target  # type: ignore[attr-defined]
+        current = self.claim(target)
+        event = (
+            "replace"
+            if current is not None and current.state in self.claim_table.event("replace").sources
+            else "reserve"
+        )
+        c = self._claim_move(event, target, args)
+        assert c.owner_token is not None and c.lease_expires_at is not None and c.key is not None
+        return ClaimLease(
+            c.target, c.epoch, c.owner_token, args["owner"], c.key, args["approval_id"], c.lease_expires_at
+        )
+
+    def release_claim(self, lease: ClaimLease) -> Claim:
+        """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
+        epoch or token, refused (``IllegalMove``) once sending began. Seed 002, 003."""
+        return self._claim_move("release", check_text("target", lease.target), _claim_lease_args(lease))
+
+    def expire_approval(self, approval: Approval) -> Approval:
+        """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. Seed 001."""
+        return self._approval_move("expire_approval", approval.approval_id, {})
+
+    def withdraw_approval(self, approval_id: str, *, operator: str) -> Approval:
+        """An operator withdraws an approval before its send started."""
+        args = {"operator": check_text("operator", operator, allow_blank=True, max_chars=256)}
+        return self._approval_move("withdraw_approval", check_text("approval id", approval_id), args)
+
+
+def _version(v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
+        raise IntakeError(f"target_version must be a non-negative integer, got {v!r}")
+    return v
+
+
+class MemoryClaims:
+    """The in-memory engine for the approval and claim machines (mixed into the reference model).
+
+    Uses the host's lock, clock, intent rows, sequence and guard-evaluation set.
+    """
+
+    def _reset_claims(self) -> None:
+        self._approvals: dict[str, dict[str, Any]] = {}
+        self._claims: dict[str, dict[str, Any]] = {}
+        self._claim_history: list[ClaimEntry] = []
+        self._claim_refusal_seq = itertools.count(1)
+
+    # -- generic step --------------------------------------------------------------------------
+    def _aux_step(self, mname: str, event: str, row: dict[str, Any], args: Mapping[str, Any], now: float):
+        """Check source state and guards of ``event`` of machine ``mname`` on ``row``; return the moved copy.
+        Raises ``IllegalMove`` / ``GuardRefused`` (subject = the row's target or approval id)."""
+        t: Table = self.approval_table if mname == "approval" else self.claim_table  # type: ignore[attr-defined]
+        guards = APPROVAL_GUARDS if mname == "approval" else CLAIM_GUARDS
+        ev = t.event(event)
+        subject = row.get("target") if mname == "claim" else row.get("approval_id")
+        if row["state"] not in ev.sources:
+            raise IllegalMove(event, subject, "source_state", row["state"])
+        for g in ev.guards:
+            if g in self._disabled_guards:  # type: ignore[attr-defined]
+                continue
+            if not guards[g](row, args, now, self):
+                raise GuardRefused(event, subject, g, row["state"])
+        new = copy.deepcopy(row)
+        for eff in ev.effects:
+            self._aux_effect(eff, new, args, now)
+        new["state"] = ev.target
+        new["updated_at"] = now
+        return new
+
+    def _aux_effect(self, eff: str, row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+        if eff == "take_claim":
+            row["epoch"] += 1
+            row["owner_token"] = args["new_token"]
+            row["owner"] = args["owner"]
+            row["key"] = args["key"]
+            row["approval_id"] = args["approval_id"]
+            row["lease_expires_at"] = now + args["claim_lease_seconds"]
+        elif eff == "drop_claim":
+            row.update(owner_token=None, owner=None, key=None, approval_id=None, lease_expires_at=None)
+        elif eff == "bump_target_version":
+            row["target_version"] += 1
+        elif eff == "extend_claim_lease":
+            row["lease_expires_at"] = now + args["lease_seconds"]
+        elif eff == "mark_used":
+            row["used_epoch"] = args.get("claim_epoch")
+        else:  # pragma: no cover - the machine checks name every effect
+            raise KeyError(eff)
+
+    def _claim_entry(self, mname, subject, event, actor, old, new, args, now) -> ClaimEntry:
+        detail = {k: args[k] for k in ("owner", "operator", "approver", "reason") if args.get(k)}
+        return ClaimEntry(
+            next(self._seq),  # type: ignore[attr-defined]
+            mname,
+            subject,
+            event,
+            actor,
+            None if old is None else old["state"],
+            new["state"],
+            new.get("epoch"),
+            new.get("key"),
+            detail,
+            now,
+        )
+
+    def _empty_claim(self, target: str, now: float) -> dict[str, Any]:
+        return {
+            "target": target,
+            "state": self.claim_table.initial,  # type: ignore[attr-defined]
+            "epoch": 0,
+            "target_version": 0,
+            "owner": None,
+            "owner_token": None,
+            "key": None,
+            "approval_id": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+
+    # -- primitives ------------------------------------------------------------------------------
+    def _approve(self, args):
+        with self._lock:  # type: ignore[attr-defined]
+            now = self.now()  # type: ignore[attr-defined]
+            intent = self._rows.get(args["key"])  # type: ignore[attr-defined]
+            if intent is None:
+                raise UnknownIntent("approve", args["key"], "intent_exists", None)
+            claim = self._claims.get(intent["target"]) or self._empty_claim(intent["target"], now)
+            row = {
+                "approval_id": args["approval_id"],
+                "key": intent["key"],
+                "request_digest": args["request_digest"] or intent["request_digest"],
+                "account": intent["account"],
+                "target": intent["target"],
+                "target_version": claim["target_version"] if args["target_version"] is None else args["target_version"],
+                "approver": args["approver"],
+                "expires_at": now + args["expires_in"],
+                "state": "<new>",
+                "approved_at": now,
+                "used_epoch": None,
+            }
+            ev = next(e for e in self.approval_table.events.values() if e.creates)  # type: ignore[attr-defined]
+            for g in ev.guards:
+                if g not in self._disabled_guards and not APPROVAL_GUARDS[g](row, args, now, self):  # type: ignore[attr-defined]
+                    raise GuardRefused(ev.name, args["key"], g, None)
+            row["state"] = ev.target
+            self._approvals[row["approval_id"]] = row
+            self._claim_history.append(
+                self._claim_entry(
+                    "approval", row["approval_id"], ev.name, f"approver:{args['approver']}", None, row, args, now
+                )
+            )
+            return _approval(row)
+
+    def _claim_inputs(self, args: Mapping[str, Any], intent: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = dict(args)
+        out["intent"] = intent
+        aid = args.get("approval_id")
+        out["approval"] = self._approvals.get(aid) if aid else None
+        return out
+
+    def _claim_move(self, event, target, args):
+        with self._lock:  # type: ignore[attr-defined]
+            now = self.now()  # type: ignore[attr-defined]
+            row = self._claims.get(target) or self._empty_claim(target, now)
+            intent = self._rows.get(args.get("key")) if args.get("key") else None  # type: ignore[attr-defined]
+            inputs = self._claim_inputs(args, intent)
+            try:
+                new = self._aux_step("claim", event, row, inputs, now)
+            except GuardRefused as exc:
+                if exc.guard in CLAIM_FENCING_GUARDS:
+                    self._record_claim_refusal(exc, row, args, now)
+                raise
+            self._claims[target] = new
+            actor = self.claim_table.event(event).actor  # type: ignore[attr-defined]
+            self._claim_history.append(self._claim_entry("claim", target, event, actor, row, new, args, now))
+            return _claim(new)
+
+    def _record_claim_refusal(self, exc: Rejected, row, args, now) -> None:
+        from .records import Refusal
+
+        last = [h.seq for h in self._claim_history if h.machine == "claim" and h.subject == row["target"]]
+        presented = {"owner": args.get("owner"), "claim_epoch": args.get("claim_epoch"), "key": args.get("key")}
+        current = {"state": row["state"], "epoch": row["epoch"], "owner": row["owner"], "key": row["key"]}
+        self._refusals.append(  # type: ignore[attr-defined]
+            Refusal(
+                next(self._seq),
+                f"claim:{row['target']}",
+                exc.event,
+                exc.guard,
+                presented,
+                current,
+                last[-1] if last else None,
+                now,
+            )  # type: ignore[attr-defined]
+        )
+
+    def _approval_move(self, event, approval_id, args):
+        with self._lock:  # type: ignore[attr-defined]
+            now = self.now()  # type: ignore[attr-defined]
+            row = self._approvals.get(approval_id)
+            if row is None:
+                raise UnknownIntent(event, approval_id, "approval_exists", None)
+            new = self._aux_step("approval", event, row, args, now)
+            self._approvals[approval_id] = new
+            actor = self.approval_table.event(event).actor  # type: ignore[attr-defined]
+            if args.get("operator"):
+                actor = f"operator:{args['operator']}"
+            self._claim_history.append(self._claim_entry("approval", approval_id, event, actor, row, new, args, now))
+            return _approval(new)
+
+    def _coupled(self, ev, intent_before, intent_after, args, now) -> list[tuple[str, str, dict, dict, dict]]:
+        """The claim (and approval) moves an intent move carries, checked but not applied.
+
+        Returns ``[(machine, subject, event, old_row, new_row, args)]``; raises the refusal of a coupled move
+        that applies (bound to this intent and in a source state) or is required.
+        """
+        cev_name = ev.couples.get("claim")
+        if cev_name is None or not intent_before.get("requires_approval"):
+            return []
+        cev = self.claim_table.event(cev_name)  # type: ignore[attr-defined]
+        required = "claim" in ev.couples_required
+        target = intent_before["target"]
+        row = self._claims.get(target) or self._empty_claim(target, now)
+        inputs = self._claim_inputs(dict(args) | {"approval_id": row["approval_id"]}, intent_after)
+        inputs["key"] = intent_before["key"]
+        bound = row["key"] is not None and row["key"] == intent_before["key"]
+        if not required and (not bound or row["state"] not in cev.sources):
+            return []
+        try:
+            new = self._aux_step("claim", cev_name, row, inputs, now)
+        except GuardRefused as exc:
+            if exc.guard in CLAIM_FENCING_GUARDS:
+                self._record_claim_refusal(exc, row, args, now)
+            raise
+        moves = [("claim", target, cev_name, row, new, inputs)]
+        aev = cev.couples.get("approval")
+        if aev is not None:
+            arow = self._approvals.get(row["approval_id"]) if row["approval_id"] else None
+            if arow is None:  # pragma: no cover - approval_usable already refused
+                raise GuardRefused(cev_name, target, "approval_usable", row["state"])
+            anew = self._aux_step("approval", aev, arow, inputs | {"claim_epoch": row["epoch"]}, now)
+            moves.append(("approval", arow["approval_id"], aev, arow, anew, inputs))
+        return moves
+
+    def _commit_coupled(self, moves, now) -> None:
+        for mname, subject, event, old, new, inputs in moves:
+            t = self.claim_table if mname == "claim" else self.approval_table  # type: ignore[attr-defined]
+            (self._claims if mname == "claim" else self._approvals)[subject] = new
+            actor = t.event(event).actor
+            if inputs.get("operator"):
+                actor = f"operator:{inputs['operator']}"
+            self._claim_history.append(self._claim_entry(mname, subject, event, actor, old, new, inputs, now))
+
+    # -- reads -------------------------------------------------------------------------------------
+    def claim(self, target: str) -> Claim | None:
+        check_text("target", target, max_chars=1024)
+        with self._lock:  # type: ignore[attr-defined]
+            row = self._claims.get(target)
+            return None if row is None else _claim(row)
+
+    def approval(self, approval_id: str) -> Approval:
+        with self._lock:  # type: ignore[attr-defined]
+            row = self._approvals.get(check_text("approval id", approval_id, max_chars=128))
+            if row is None:
+                raise UnknownIntent("approval", approval_id, "approval_exists", None)
+            return _approval(row)
+
+    def approvals(self, key: str) -> list[Approval]:
+        with self._lock:  # type: ignore[attr-defined]
+            rows = [r for r in self._approvals.values() if r["key"] == key]
+            return [_approval(r) for r in sorted(rows, key=lambda r: (r["approved_at"], r["approval_id"]))]
+
+    def due_approvals(self, limit: int = 100) -> list[Approval]:
+        with self._lock:  # type: ignore[attr-defined]
+            now = self.now()  # type: ignore[attr-defined]
+            live = self.approval_table.initial  # type: ignore[attr-defined]
+            rows = [r for r in self._approvals.values() if r["state"] == live and r["expires_at"] <= now]
+            return [_approval(r) for r in sorted(rows, key=lambda r: r["expires_at"])[:limit]]
+
+    def claim_history(self, target: str) -> list[ClaimEntry]:
+        """Every move of ``target``'s claim and of the approvals for it, in store sequence order."""
+        with self._lock:  # type: ignore[attr-defined]
+            ids = {a for a, r in self._approvals.items() if r["target"] == target}
+            return [
+                copy.deepcopy(h)
+                for h in self._claim_history
+                if (h.machine == "claim" and h.subject == target) or (h.machine == "approval" and h.subject in ids)
+            ]
+
+
+def _approval(row: Mapping[str, Any]) -> Approval:
+    return Approval(**{k: row[k] for k in Approval.__dataclass_fields__})
+
+
+def _claim(row: Mapping[str, Any]) -> Claim:
+    return Claim(**{k: row[k] for k in Claim.__dataclass_fields__})
