@@ -23,12 +23,10 @@ def test_schema_built_from_migration_1_equals_the_declared_schema(sql_store):
 
 
 def test_migrations_are_recorded_and_idempotent(sql_store):
-    from atmostonce_sql import upgrade
-    from atmostonce_sql.migrate import current_revision
-
     from alembic.script import ScriptDirectory
 
-    from atmostonce_sql.migrate import alembic_config
+    from atmostonce_sql import upgrade
+    from atmostonce_sql.migrate import alembic_config, current_revision
 
     upgrade(sql_store.engine)  # a second run changes nothing
     assert current_revision(sql_store.engine) == ScriptDirectory.from_config(alembic_config()).get_current_head()

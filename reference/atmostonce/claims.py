@@ -380,6 +380,7 @@ class MemoryClaims:
             if intent is None:
                 raise UnknownIntent("approve", args["key"], "intent_exists", None)
             claim = self._claims.get(intent["target"]) or self._empty_claim(intent["target"], now)
+            self._claims.setdefault(intent["target"], claim)  # the target row exists from its first approval
             row = {
                 "approval_id": args["approval_id"],
                 "key": intent["key"],
