@@ -410,3 +410,55 @@ def test_intents_without_an_approval_requirement_never_touch_claims(any_store):
     s.authorize_dispatch(lease, request_digest=it.request_digest)
     s.record_unknown(lease, reason="x")
     assert s.claim(TARGET) is None and s.claim_history(TARGET) == []
+
+
+# ---------------------------------------------------------------- seed 002's two SQL traps, on both dialects
+def test_trap_one_a_partial_unique_index_forbids_parallel_drafts_our_schema_allows_them(sql_store):
+    """A UNIQUE(target) WHERE status IN (open statuses) index refuses a second pending draft; our schema
+    keeps drafting parallel and serializes dispatch in a separate per-target claim row instead."""
+    import sqlalchemy as sa
+
+    s = sql_store
+    with s.engine.connect() as conn:
+        tx = conn.begin()
+        conn.exec_driver_sql("CREATE TABLE trap_drafts (id INTEGER PRIMARY KEY, target TEXT, status TEXT)")
+        conn.exec_driver_sql(
+            "CREATE UNIQUE INDEX trap_one_open ON trap_drafts (target) "
+            "WHERE status IN ('pending', 'approved', 'dispatched')"
+        )
+        conn.exec_driver_sql("INSERT INTO trap_drafts VALUES (1, 't', 'pending')")
+        with pytest.raises(sa.exc.IntegrityError):
+            with conn.begin_nested():
+                conn.exec_driver_sql("INSERT INTO trap_drafts VALUES (2, 't', 'pending')")
+        tx.rollback()
+    drafts = [gated(s, f"parallel {i}") for i in range(3)]
+    assert [s.get(d.key).state for d in drafts] == ["pending"] * 3
+    for d in drafts:
+        approve(s, d)
+    assert len({a.approval_id for d in drafts for a in s.approvals(d.key)}) == 3
+
+
+def test_trap_two_an_unguarded_claim_update_claims_two_approved_rows_ours_claims_one(sql_store):
+    import sqlalchemy as sa
+
+    s = sql_store
+    a, b = gated(s, "a"), gated(s, "b")
+    pa, pb = approve(s, a), approve(s, b)
+    with s.engine.connect() as conn:  # the trap, on our own rows, rolled back
+        tx = conn.begin()
+        claimed = conn.execute(
+            sa.text(
+                "UPDATE aom_approvals SET state = 'consumed' WHERE target = :t AND state = 'approved' "
+                "RETURNING approval_id"
+            ),
+            {"t": TARGET},
+        ).all()
+        assert len(claimed) == 2, "the unguarded UPDATE claims both approved rows"
+        tx.rollback()
+    assert {s.approval(x.approval_id).state for x in (pa, pb)} == {"approved"}
+    won = reserve(s, a, pa)
+    with pytest.raises(GuardRefused):
+        reserve(s, b, pb, owner="w2")
+    authorize(s, a, won)
+    assert [s.approval(x.approval_id).state for x in (pa, pb)] == ["consumed", "approved"]
+    assert [s.get(x.key).state for x in (a, b)] == ["authorized", "pending"]
