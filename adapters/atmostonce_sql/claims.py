@@ -195,8 +195,8 @@ class SqlClaims:
             return {"owner_token": None, "owner": None, "key": None, "approval_id": None, "lease_expires_at": None}
         if eff == "bump_target_version":
             return {"target_version": c.target_version + 1}
-        if eff == "extend_claim_lease":
-            return {"lease_expires_at": self._now + _p("lease_seconds", sa.Float(53))}
+        if eff == "extend_claim_lease":  # the intent's send lease, so both deadlines pass together
+            return {"lease_expires_at": _p("lease_until", sa.Float(53))}
         if eff == "mark_used":
             return {"used_epoch": _p("claim_epoch", sa.BigInteger())}
         raise KeyError(f"effect {eff!r} has no SQL implementation")
@@ -214,7 +214,7 @@ class SqlClaims:
             "approver",
             "new_token",
             "claim_lease_seconds",
-            "lease_seconds",
+            "lease_until",
         )
         out = {f"c_{n}": args.get(n) for n in names}
         out["c_subject"] = subject
@@ -373,7 +373,7 @@ class SqlClaims:
         bound = before["key"] is not None and before["key"] == key
         if "claim" not in ev.couples_required and (not bound or before["state"] not in cev.sources):
             return
-        inputs = dict(args) | {"key": key}
+        inputs = dict(args) | {"key": key, "lease_until": intent_row["lease_expires_at"]}
         try:
             row = self._aux_step(conn, "claim", cev_name, target, inputs, coupled=True)
         except GuardRefused as exc:

@@ -335,8 +335,8 @@ class MemoryClaims:
             row.update(owner_token=None, owner=None, key=None, approval_id=None, lease_expires_at=None)
         elif eff == "bump_target_version":
             row["target_version"] += 1
-        elif eff == "extend_claim_lease":
-            row["lease_expires_at"] = now + args["lease_seconds"]
+        elif eff == "extend_claim_lease":  # the intent's send lease, so both deadlines pass together
+            row["lease_expires_at"] = args["intent"]["lease_expires_at"]
         elif eff == "mark_used":
             row["used_epoch"] = args.get("claim_epoch")
         else:  # pragma: no cover - the machine checks name every effect

@@ -94,6 +94,8 @@ class Dispatcher:
     crash: Callable[[str], None] | None = None
     credential_version: Callable[[str], str | None] | None = None
     """Returns the credential version the worker will send with for an account (``None``: unversioned)."""
+    owner: str = "dispatcher"
+    """The name this worker presents when it reserves a target's dispatch claim (recorded, seed 003)."""
 
     def _point(self, name: str) -> None:
         if self.crash is not None:
@@ -110,6 +112,23 @@ class Dispatcher:
             return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
         if before.source_version is not None and self.store.source_head(before.source_id) != before.source_version:
             return "gate.stale_source"  # the freshness fence: skipped before any expensive work
+        claim = None
+        if before.requires_approval:  # seeds 001-002: an approval of these bytes, then the target's claim
+            digest = request_digest(wire_request(before).body)
+            live = self.store.approval_table.initial
+            usable = [a for a in self.store.approvals(key) if a.state == live and a.request_digest == digest]
+            if not usable:
+                return "gate.awaiting_approval"
+            try:
+                claim = self.store.reserve_claim(
+                    key,
+                    approval_id=usable[-1].approval_id,
+                    request_digest=digest,
+                    owner=self.owner,
+                    lease_seconds=self.config.lease_seconds,
+                )
+            except Rejected as exc:
+                return "claim.busy" if exc.guard in ("claim_lease_expired", "source_state") else "claim.refused"
         lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
         self._point("after_begin")
         intent = self.store.get(key)
@@ -126,8 +145,17 @@ class Dispatcher:
                 credential_version=self.credential_version(intent.account) if self.credential_version else None,
                 platform=self.transport.name,
                 contract_version=getattr(self.transport, "contract_version", None),
+                claim=claim,
             )
         except GuardRefused as exc:
+            if claim is not None and exc.event in self.store.claim_table.events and exc.guard != "claim_owner":
+                # the approval lapsed or the target moved on since the reservation: nothing was sent;
+                # the intent stays queued (its attempt is settled by the sweeper) and the claim is freed
+                try:
+                    self.store.release_claim(claim)
+                except Rejected:
+                    pass
+                return "claim.refused"
             if exc.guard not in self.store.table.policy_guards:
                 raise  # a stale worker: nothing to record, the sweeper settles the lease
             # a policy gate refused at publish time: terminal and human-owned (seed 004, "Recovery")
@@ -201,8 +229,20 @@ class Sweeper:
                     out["skipped"] += 1
         return out
 
+    def expire_approvals(self) -> dict[str, int]:
+        """Move approvals whose deadline passed (database clock) to ``expired`` (seed 001: expiry is a
+        transition). Returns ``{"approvals_expired": n}``."""
+        n = 0
+        for a in self.store.due_approvals(self.config.sweep_batch):
+            try:
+                self.store.expire_approval(a)
+                n += 1
+            except Rejected:
+                pass
+        return {"approvals_expired": n}
+
     def tick(self) -> dict[str, int]:
-        return self.sweep_leases() | self.retry_failed()
+        return self.sweep_leases() | self.retry_failed() | self.expire_approvals()
 
 
 @dataclass
