@@ -154,3 +154,23 @@ def test_sweep_command(capsys, db):
     to_state(store, "authorized")
     rc, out, _ = run(capsys, "--json", "sweep", "--database-url", url)
     assert rc == 0 and json.loads(out) == {"expired": 0, "abandoned": 0, "skipped": 0}
+
+
+def test_approve_list_withdraw_and_show_the_claim(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.sqlite3'}"
+    store = open_store(url)
+    it = store.submit("acct", "post", "room-c", {"text": "gated"}, requires_approval=True)
+    store.close()
+    rc, out, _ = run(capsys, "approve", it.key[:12], "--approver", "alice", "--expires-in", "600", "--database-url", url)
+    assert rc == 0 and "by alice" in out
+    approval_id = out.split()[0]
+    rc, out, _ = run(capsys, "approvals", it.key, "--database-url", url, "--json")
+    assert rc == 0 and json.loads(out)[0]["approval_id"] == approval_id and json.loads(out)[0]["state"] == "approved"
+    rc, out, _ = run(capsys, "approve", it.key, "--approver", " ", "--expires-in", "600", "--database-url", url)
+    assert rc == 1  # refused by approver_identified
+    rc, out, _ = run(capsys, "claim", "show", "room-c", "--database-url", url)
+    assert rc == 0 and "claim free" in out and "approve" in out
+    rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)
+    assert rc == 0 and "withdrawn" in out
+    rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)
+    assert rc == 1

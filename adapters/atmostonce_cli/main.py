@@ -300,6 +300,81 @@ def cmd_contract(args) -> int:
     return EXIT_OK
 
 
+def cmd_approve(args) -> int:
+    store = _store(args)
+    a = store.approve(
+        _resolve_key(store, args.key),
+        approver=args.approver,
+        expires_in=args.expires_in,
+        request_digest=args.request_digest,
+        target_version=args.target_version,
+    )
+    _emit(
+        args,
+        a.__dict__,
+        f"{a.approval_id}  approves {a.key[:16]} (digest {a.request_digest[:12]}) on {a.target} at version "
+        f"{a.target_version} until {_ts(a.expires_at)} by {a.approver}",
+    )
+    return EXIT_OK
+
+
+def cmd_withdraw(args) -> int:
+    a = _store(args).withdraw_approval(args.approval_id, operator=args.operator)
+    _emit(args, a.__dict__, f"{a.approval_id}  now {a.state}")
+    return EXIT_OK
+
+
+def cmd_approvals(args) -> int:
+    store = _store(args)
+    items = store.approvals(_resolve_key(store, args.key))
+    rows = [
+        {
+            "approval": a.approval_id,
+            "state": a.state,
+            "approver": a.approver,
+            "version": a.target_version,
+            "digest": a.request_digest[:12],
+            "expires": _ts(a.expires_at),
+        }
+        for a in items
+    ]
+    _emit(
+        args,
+        [a.__dict__ for a in items],
+        _table(rows, ["approval", "state", "approver", "version", "digest", "expires"]),
+    )
+    return EXIT_OK
+
+
+def cmd_claim_show(args) -> int:
+    store = _store(args)
+    c = store.claim(args.target)
+    hist = store.claim_history(args.target)
+    data = {"claim": None if c is None else c.__dict__ | {"owner_token": None}, "history": [h.__dict__ for h in hist]}
+    rows = [
+        {
+            "seq": h.seq,
+            "machine": h.machine,
+            "event": h.event,
+            "actor": h.actor,
+            "from": h.from_state or "-",
+            "to": h.to_state,
+            "epoch": h.epoch if h.epoch is not None else "-",
+            "wall_time": _ts(h.recorded_at),
+        }
+        for h in hist
+    ]
+    head = (
+        f"target {args.target}: no claim yet"
+        if c is None
+        else f"target {c.target}  claim {c.state}  epoch {c.epoch}  version {c.target_version}  "
+        f"owner {c.owner or '-'}  intent {(c.key or '-')[:16]}  lease until {_ts(c.lease_expires_at)}"
+    )
+    text = "\n".join([head, "history (ordered by store sequence):", _table(rows, list(rows[0]) if rows else [])])
+    _emit(args, data, text)
+    return EXIT_OK
+
+
 def cmd_spec_check(args) -> int:
     from atmostonce.checks import check_table
     from atmostonce.table import load_table
@@ -413,6 +488,25 @@ def build_parser() -> argparse.ArgumentParser:
     ctg.add_argument("version", nargs="?")
     ctg.add_argument("--clear", action="store_true")
     ct.set_defaults(func=cmd_contract)
+
+    ap = db(sub.add_parser("approve", help="approve an approval-gated intent's exact bytes (a named approver)"))
+    ap.add_argument("key")
+    ap.add_argument("--approver", required=True)
+    ap.add_argument("--expires-in", type=float, required=True, metavar="SECONDS", help="database-clock seconds")
+    ap.add_argument("--request-digest", help="the digest the approver saw (default: the intent's)")
+    ap.add_argument("--target-version", type=int, help="the target version the draft was written against")
+    ap.set_defaults(func=cmd_approve)
+    wd = db(sub.add_parser("withdraw", help="withdraw an approval before its send started (operator)"))
+    wd.add_argument("approval_id")
+    wd.add_argument("--operator", required=True)
+    wd.set_defaults(func=cmd_withdraw)
+    al = db(sub.add_parser("approvals", help="the approvals of one intent"))
+    al.add_argument("key")
+    al.set_defaults(func=cmd_approvals)
+    cl = sub.add_parser("claim", help="per-target dispatch claims").add_subparsers(dest="sub", required=True)
+    cs = db(cl.add_parser("show", help="a target's claim and the history of it and its approvals"))
+    cs.add_argument("target")
+    cs.set_defaults(func=cmd_claim_show)
 
     sp = sub.add_parser("spec", help="the transition table").add_subparsers(dest="sub", required=True)
     ck = sp.add_parser("check", help="run the table's static checks")
