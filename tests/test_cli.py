@@ -161,7 +161,9 @@ def test_approve_list_withdraw_and_show_the_claim(capsys, tmp_path):
     store = open_store(url)
     it = store.submit("acct", "post", "room-c", {"text": "gated"}, requires_approval=True)
     store.close()
-    rc, out, _ = run(capsys, "approve", it.key[:12], "--approver", "alice", "--expires-in", "600", "--database-url", url)
+    rc, out, _ = run(
+        capsys, "approve", it.key[:12], "--approver", "alice", "--expires-in", "600", "--database-url", url
+    )
     assert rc == 0 and "by alice" in out
     approval_id = out.split()[0]
     rc, out, _ = run(capsys, "approvals", it.key, "--database-url", url, "--json")

@@ -368,10 +368,15 @@ class SqlClaims:
             return
         cev = self.claim_table.event(cev_name)
         target, key = intent_row["target"], intent_row["key"]
-        self._ensure_claim_row(conn, target)
+        required = "claim" in ev.couples_required
         before = self._claim_row_before(conn, target)
+        if before is None and not required:
+            return
+        if before is None:  # refused below (no claim was ever reserved), and rolled back with the move
+            self._ensure_claim_row(conn, target)
+            before = self._claim_row_before(conn, target)
         bound = before["key"] is not None and before["key"] == key
-        if "claim" not in ev.couples_required and (not bound or before["state"] not in cev.sources):
+        if not required and (not bound or before["state"] not in cev.sources):
             return
         inputs = dict(args) | {"key": key, "lease_until": intent_row["lease_expires_at"]}
         try:

@@ -210,9 +210,9 @@ def in_flight_exits_move_the_claim(intent: Table, machines: dict[str, Table]) ->
 
 
 def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Table]) -> list[str]:
-    """No claim event leaves a dispatching or uncertain state for a free or pre-dispatch one without an
-    evidence guard (the intent settled by remote evidence, or a human's settlement): lease expiry never
-    reclaims a claim that began sending (seed 002)."""
+    """No machine actor's claim event leaves a dispatching or uncertain state for a free or pre-dispatch one
+    without an evidence guard (the intent settled by remote evidence); only a human's move may do so
+    otherwise. Lease expiry never reclaims a claim that began sending (seed 002)."""
     claim = machines.get("claim")
     if claim is None:
         return ["no claim machine"]
@@ -222,7 +222,7 @@ def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Tab
         f"claim event {e.name} leaves {s!r} for {e.target!r} without an evidence guard"
         for e in claim.events.values()
         for s in e.sources
-        if s in hot and e.target in cold and not evidence & set(e.guards)
+        if s in hot and e.target in cold and not evidence & set(e.guards) and not claim.actors[e.actor].human
     ]
 
 

@@ -380,7 +380,6 @@ class MemoryClaims:
             if intent is None:
                 raise UnknownIntent("approve", args["key"], "intent_exists", None)
             claim = self._claims.get(intent["target"]) or self._empty_claim(intent["target"], now)
-            self._claims.setdefault(intent["target"], claim)  # the target row exists from its first approval
             row = {
                 "approval_id": args["approval_id"],
                 "key": intent["key"],
@@ -399,6 +398,7 @@ class MemoryClaims:
                 if g not in self._disabled_guards and not APPROVAL_GUARDS[g](row, args, now, self):  # type: ignore[attr-defined]
                     raise GuardRefused(ev.name, args["key"], g, None)
             row["state"] = ev.target
+            self._claims.setdefault(intent["target"], claim)  # the target row exists from its first approval
             self._approvals[row["approval_id"]] = row
             self._claim_history.append(
                 self._claim_entry(
@@ -524,7 +524,7 @@ class MemoryClaims:
     def approvals(self, key: str) -> list[Approval]:
         with self._lock:  # type: ignore[attr-defined]
             rows = [r for r in self._approvals.values() if r["key"] == key]
-            return [_approval(r) for r in sorted(rows, key=lambda r: (r["approved_at"], r["approval_id"]))]
+            return [_approval(r) for r in sorted(rows, key=lambda r: r["approved_at"])]  # stable: then by arrival
 
     def due_approvals(self, limit: int = 100) -> list[Approval]:
         with self._lock:  # type: ignore[attr-defined]
