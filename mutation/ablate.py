@@ -51,6 +51,13 @@ SUITES = {
     ),
     "runtime": (["tests/test_runtime.py"], "memory", []),
 }
+# the approval and claim machines (issue 5): their mutants run the tests aimed at those machines
+CLAIM_TARGETED = ["tests/test_claims.py", "tests/test_claims_runtime.py"]
+CLAIM_STATEFUL = {
+    "model": ["tests/test_claims_stateful.py::test_model_alone_keeps_the_claim_invariants"],
+    "sqlite": ["tests/test_claims_stateful.py::test_sqlite_agrees_with_the_model"],
+    "postgresql": ["tests/test_claims_stateful.py::test_postgresql_agrees_with_the_model"],
+}
 # the runtime's outcome mappings, each bent the dangerous way (or simply the wrong way)
 OUTCOME_MUTANTS = {
     "send.unknown": "record_not_sent",
@@ -70,12 +77,30 @@ def mutants() -> list[str]:
         out += [f"{layer}:guard:{g}" for g in t.guards]
         out += [f"{layer}:source:{e.name}/{s}" for e in t.events.values() for s in e.sources]
     out += [f"runtime:outcome:{o}={e}" for o, e in OUTCOME_MUTANTS.items()]
+    from atmostonce.table import MACHINES, machine
+
+    for layer in LAYERS:
+        for m in MACHINES:
+            mt = machine(m)
+            out += [f"{layer}:guard:{g}" for g in mt.guards]
+            out += [f"{layer}:{m}-source:{e.name}/{s}" for e in mt.events.values() for s in e.sources]
     return out
+
+
+def _is_claim_mutant(mutant: str) -> bool:
+    from atmostonce.table import MACHINES, machine
+
+    _, kind, name = mutant.split(":", 2)
+    if kind.endswith("-source"):
+        return True
+    return kind == "guard" and any(name in machine(m).guards for m in MACHINES)
 
 
 def run_one(mutant: str, timeout: float) -> dict:
     layer = mutant.split(":", 1)[0]
     files, keyword, stateful = SUITES[layer]
+    if _is_claim_mutant(mutant):
+        files, stateful = CLAIM_TARGETED, CLAIM_STATEFUL[layer]
     env = dict(os.environ, HYPOTHESIS_PROFILE="ci", PYTHONHASHSEED="0")
     t0 = time.monotonic()
     killers: list[str] = []

@@ -8,6 +8,8 @@ LAYER: ``model``, ``sqlite``, ``postgresql`` or ``runtime``. KIND and NAME:
 
 * ``guard:<guard>``: the guard is left out of that layer's evaluation (model predicate or SQL fragment);
 * ``source:<event>/<state>``: the state is removed from the event's source states in that layer;
+* ``approval-source:<event>/<state>``, ``claim-source:<event>/<state>``: the same for the approval or
+  claim machine (spec/approval.toml, spec/claim.toml);
 * ``outcome:<outcome>=<event>``: the runtime records ``outcome`` with ``event`` instead.
 """
 
@@ -27,6 +29,16 @@ def _table_without_source(event: str, state: str):
     from atmostonce.table import table
 
     t = table()
+    ev = t.events[event]
+    events = dict(t.events)
+    events[event] = dataclasses.replace(ev, sources=tuple(s for s in ev.sources if s != state))
+    return dataclasses.replace(t, events=MappingProxyType(events))
+
+
+def _machine_without_source(mname: str, event: str, state: str):
+    from atmostonce.table import machine
+
+    t = machine(mname)
     ev = t.events[event]
     events = dict(t.events)
     events[event] = dataclasses.replace(ev, sources=tuple(s for s in ev.sources if s != state))
@@ -72,5 +84,10 @@ def pytest_configure(config: pytest.Config) -> None:
         elif kind == "source" and layer != "model":
             self.table = _table_without_source(*name.split("/", 1))
             self._cache.clear()
+        elif kind.endswith("-source"):
+            mname = kind.removesuffix("-source")
+            setattr(self, f"{mname}_table", _machine_without_source(mname, *name.split("/", 1)))
+            if layer != "model":
+                self._cache.clear()
 
     mp.setattr(cls, "__init__", __init__)

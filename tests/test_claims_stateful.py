@@ -47,6 +47,7 @@ def _run(dbs):
     machine.TestCase().runTest()
 
 
+@pytest.mark.slow
 def test_sqlite_agrees_with_the_model(sqlite_databases):
     _run(sqlite_databases)
 

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from atmostonce.claims import CLAIM_FENCING_GUARDS, settled_dispositions
+from atmostonce.claims import CLAIM_FENCING_GUARDS
 from atmostonce.errors import GuardRefused, IllegalMove, Rejected, UnknownIntent
 from atmostonce.records import Approval, Claim, ClaimEntry, check_limit, check_text
 
@@ -94,12 +94,6 @@ def bound_to_intent(c, now, x):
     return c.key == x.key
 
 
-def intent_settled(c, now, x):
-    i = intents.c
-    settled = [sa.literal(s, sa.Text) for s in settled_dispositions(x.table)]
-    return sa.exists().where(i.key == x.key, i.state.in_(settled))
-
-
 def operator_named(c, now, x):
     return _named(_p("operator"))
 
@@ -115,7 +109,6 @@ CLAIM_SQL_GUARDS = {
         claim_lease_live,
         claim_lease_expired,
         bound_to_intent,
-        intent_settled,
         operator_named,
     )
 }

@@ -210,20 +210,30 @@ def in_flight_exits_move_the_claim(intent: Table, machines: dict[str, Table]) ->
 
 
 def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Table]) -> list[str]:
-    """No machine actor's claim event leaves a dispatching or uncertain state for a free or pre-dispatch one
-    without an evidence guard (the intent settled by remote evidence); only a human's move may do so
-    otherwise. Lease expiry never reclaims a claim that began sending (seed 002)."""
+    """A claim that began sending is never reclaimed by a timer (seed 002): every machine actor's claim event
+    from a dispatching or uncertain state to a free or pre-dispatch one is coupled only to intent events that
+    land in a settled state (the object exists, or the platform proved nothing was sent); only a human's
+    move may free it otherwise."""
     claim = machines.get("claim")
     if claim is None:
         return ["no claim machine"]
+    from .claims import settled_dispositions
+
     hot, cold = _kinds(claim, "dispatching", "uncertain"), _kinds(claim, "free", "pre_dispatch")
-    evidence = {g.name for g in claim.guards.values() if g.evidence}
-    return [
-        f"claim event {e.name} leaves {s!r} for {e.target!r} without an evidence guard"
-        for e in claim.events.values()
-        for s in e.sources
-        if s in hot and e.target in cold and not evidence & set(e.guards) and not claim.actors[e.actor].human
-    ]
+    settled = set(settled_dispositions(intent))
+    out = []
+    for e in claim.events.values():
+        if claim.actors[e.actor].human or e.target not in cold or not set(e.sources) & hot:
+            continue
+        carriers = [ie for ie in intent.events.values() if ie.couples.get("claim") == e.name]
+        if not carriers:
+            out.append(f"claim event {e.name} frees a claim that may have sent, and no settling intent move carries it")
+        for ie in carriers:
+            if ie.target not in settled:
+                out.append(
+                    f"claim event {e.name} frees a claim that may have sent on {ie.name}, which lands in {ie.target!r}"
+                )
+    return out
 
 
 def machine_graphs_hold(intent: Table, machines: dict[str, Table]) -> list[str]:

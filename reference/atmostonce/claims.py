@@ -131,11 +131,6 @@ def bound_to_intent(row, args, now, world) -> bool:
     return row["key"] is not None and row["key"] == args.get("key")
 
 
-def intent_settled(row, args, now, world) -> bool:
-    it = args.get("intent")
-    return it is not None and it["state"] in settled_dispositions(world.table)
-
-
 def operator_named(row, args, now, world) -> bool:
     return _named(args.get("operator"))
 
@@ -151,7 +146,6 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
         claim_lease_live,
         claim_lease_expired,
         bound_to_intent,
-        intent_settled,
         operator_named,
     )
 }

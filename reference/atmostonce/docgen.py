@@ -144,7 +144,7 @@ def _machine_tables(m: Table) -> list[str]:
         ),
         _md_table(
             ["guard", "meaning", "source"],
-            [[f"`{g.name}`" + (" (evidence)" if g.evidence else ""), g.meaning, g.seed] for g in m.guards.values()],
+            [[f"`{g.name}`", g.meaning, g.seed] for g in m.guards.values()],
         ),
     ]
 

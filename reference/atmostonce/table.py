@@ -71,7 +71,6 @@ class Guard:
     seed: str
     proof_of_absence: bool = False
     policy: bool = False
-    evidence: bool = False
 
 
 @dataclass(frozen=True)
