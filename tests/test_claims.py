@@ -462,3 +462,11 @@ def test_trap_two_an_unguarded_claim_update_claims_two_approved_rows_ours_claims
     authorize(s, a, won)
     assert [s.approval(x.approval_id).state for x in (pa, pb)] == ["consumed", "approved"]
     assert [s.get(x.key).state for x in (a, b)] == ["authorized", "pending"]
+
+
+def test_model_and_sql_registries_cover_exactly_the_machine_catalogues():
+    from atmostonce.claims import APPROVAL_GUARDS, CLAIM_GUARDS
+    from atmostonce_sql.claims import APPROVAL_SQL_GUARDS, CLAIM_SQL_GUARDS
+
+    assert set(APPROVAL_GUARDS) == set(APPROVAL_SQL_GUARDS) == set(machine("approval").guards)
+    assert set(CLAIM_GUARDS) == set(CLAIM_SQL_GUARDS) == set(machine("claim").guards)

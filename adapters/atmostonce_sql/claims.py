@@ -94,10 +94,6 @@ def bound_to_intent(c, now, x):
     return c.key == x.key
 
 
-def operator_named(c, now, x):
-    return _named(_p("operator"))
-
-
 CLAIM_SQL_GUARDS = {
     f.__name__: f
     for f in (
@@ -109,7 +105,6 @@ CLAIM_SQL_GUARDS = {
         claim_lease_live,
         claim_lease_expired,
         bound_to_intent,
-        operator_named,
     )
 }
 
@@ -123,18 +118,11 @@ def approval_deadline_passed(c, now, x):
     return c.expires_at <= now
 
 
-def approval_deadline_ahead(c, now, x):
-    return c.expires_at > now
-
-
 def withdrawer_identified(c, now, x):
     return _named(_p("operator"))
 
 
-APPROVAL_SQL_GUARDS = {
-    f.__name__: f
-    for f in (approver_identified, approval_deadline_passed, approval_deadline_ahead, withdrawer_identified)
-}
+APPROVAL_SQL_GUARDS = {f.__name__: f for f in (approver_identified, approval_deadline_passed, withdrawer_identified)}
 
 
 class SqlClaims:

@@ -66,17 +66,12 @@ def approval_deadline_passed(row, args, now, world) -> bool:
     return row["expires_at"] <= now
 
 
-def approval_deadline_ahead(row, args, now, world) -> bool:
-    return row["expires_at"] > now
-
-
 def withdrawer_identified(row, args, now, world) -> bool:
     return _named(args.get("operator"))
 
 
 APPROVAL_GUARDS: dict[str, Callable[..., bool]] = {
-    f.__name__: f
-    for f in (approver_identified, approval_deadline_passed, approval_deadline_ahead, withdrawer_identified)
+    f.__name__: f for f in (approver_identified, approval_deadline_passed, withdrawer_identified)
 }
 
 
@@ -131,10 +126,6 @@ def bound_to_intent(row, args, now, world) -> bool:
     return row["key"] is not None and row["key"] == args.get("key")
 
 
-def operator_named(row, args, now, world) -> bool:
-    return _named(args.get("operator"))
-
-
 CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
     f.__name__: f
     for f in (
@@ -146,7 +137,6 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
         claim_lease_live,
         claim_lease_expired,
         bound_to_intent,
-        operator_named,
     )
 }
 

@@ -10,7 +10,8 @@ so every failure the suite reports traces back to one of them:
    the attempt token and fencing generation it presents are replaced by the current ones
    before any guard looks at them (sweepers' snapshots too).
 3. **Approval by row id.** Authorization does not compare the digest of the bytes about to be
-   sent: the digest presented is replaced by the intent's own.
+   sent: the digest presented is replaced by the intent's own; so does a claim reservation, so an
+   approval of the row covers whatever bytes a worker presents.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ class NaiveStore(MemoryStore):
                     # mistake 3: the row was approved, so whatever bytes come are fine
                     args["request_digest"] = row["request_digest"]
             return super()._apply(event, key, args)
+
+    def _claim_move(self, event, target, args):
+        with self._lock:
+            it = self._rows.get(args.get("key"))
+            if it is not None and "request_digest" in args:
+                args = dict(args) | {"request_digest": it["request_digest"]}  # mistake 3 again
+            return super()._claim_move(event, target, args)
 
 
 def factory() -> Implementation:

@@ -1,8 +1,9 @@
 """The conformance suite other implementations adopt (issue 9).
 
-* ``spec/conformance/*.json``: language-neutral cases, validated by ``case.schema.json``;
-  ``spec/conformance/pending/`` holds cases for features that do not exist yet (listed as not
-  applicable, never passed).
+* ``spec/conformance/*.json``: language-neutral cases, validated by ``case.schema.json``; a case
+  that needs a feature a driver does not declare (``runtime``, ``claims``) is listed as not
+  applicable, never passed (``spec/conformance/pending/`` would hold cases for features that do
+  not exist yet; it is empty now).
 * :mod:`.drivers`: the driver protocol, :class:`StoreDriver` (any Python store) and
   :class:`SubprocessDriver` (any language, over JSON lines).
 * :mod:`.runner`: runs cases, reports per case grouped by seed rule, writes JUnit XML.

@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AtMostOnceError, IntakeError, Rejected
-from ..records import Intent, Lease, Plan
+from ..records import Approval, ClaimLease, Intent, Lease, Plan
 from ..runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper
 from .platform import PLATFORM_FAULTS, ScriptedPlatform
 
 __all__ = [
+    "CLAIM_OPS",
     "RUNTIME_OPS",
     "STORE_OPS",
     "Driver",
@@ -98,6 +99,21 @@ STORE_OPS = TRANSITION_OPS + READ_OPS + WORLD_OPS
 
 RUNTIME_OPS = ("configure_platform", "dispatch", "dispatch_pending", "sweep", "reconcile", "platform")
 """Operations of drivers with the ``runtime`` feature: the runtime against a scripted platform."""
+
+CLAIM_OPS = (
+    "approve",
+    "reserve_claim",
+    "release_claim",
+    "withdraw_approval",
+    "expire_approval",
+    "claim",
+    "approval",
+    "approvals",
+    "claim_history",
+    "due_approvals",
+)
+"""Operations of drivers with the ``claims`` feature (approvals and per-target claims, seeds 001-003);
+with it, ``submit`` takes ``requires_approval`` and ``authorize_dispatch`` a ``claim``."""
 
 
 class DriverError(AtMostOnceError):
@@ -170,6 +186,10 @@ def _intent(args: Mapping[str, Any]) -> Intent:
     return _decode(Intent, args.get("intent"), "intent")
 
 
+def _claim_lease(args: Mapping[str, Any]) -> ClaimLease | None:
+    return None if args.get("claim") is None else _decode(ClaimLease, args.get("claim"), "claim")
+
+
 def _opt(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
     return {n: args[n] for n in names if n in args}
 
@@ -185,7 +205,7 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
         a.get("action_kind"),
         a.get("target"),
         a.get("request"),
-        **_opt(a, "max_attempts", "max_reconciles"),
+        **_opt(a, "max_attempts", "max_reconciles", "requires_approval"),
         **({"source": tuple(a["source"])} if a.get("source") is not None else {}),
     ),
     "begin": lambda s, a: s.begin(a.get("key"), **_opt(a, "lease_seconds")),
@@ -193,6 +213,7 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
         _lease(a),
         request_digest=a.get("request_digest"),
         **_opt(a, "send_lease_seconds", "descriptor", "credential_version", "platform", "contract_version"),
+        **({"claim": _claim_lease(a)} if a.get("claim") is not None else {}),
     ),
     "block_at_gate": lambda s, a: s.block_at_gate(_lease(a), reason=a.get("reason", "gate.blocked")),
     "record_success": lambda s, a: s.record_success(
@@ -236,6 +257,28 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
     "current_epoch": lambda s, a: {"epoch": s.current_epoch()},
     "capture_source": lambda s, a: s.capture_source(a.get("source_id"), a.get("body")),
     "source_head": lambda s, a: {"head": s.source_head(a.get("source_id"))},
+    # feature "claims"
+    "approve": lambda s, a: s.approve(
+        a.get("key"),
+        approver=a.get("approver"),
+        expires_in=a.get("expires_in", 600),
+        **_opt(a, "request_digest", "target_version"),
+    ),
+    "reserve_claim": lambda s, a: s.reserve_claim(
+        a.get("key"),
+        approval_id=a.get("approval_id"),
+        request_digest=a.get("request_digest"),
+        owner=a.get("owner"),
+        **_opt(a, "lease_seconds"),
+    ),
+    "release_claim": lambda s, a: s.release_claim(_decode(ClaimLease, a.get("claim"), "claim")),
+    "withdraw_approval": lambda s, a: s.withdraw_approval(a.get("approval_id"), operator=a.get("operator")),
+    "expire_approval": lambda s, a: s.expire_approval(_decode(Approval, a.get("approval"), "approval")),
+    "claim": lambda s, a: s.claim(a.get("target")) or {},
+    "approval": lambda s, a: s.approval(a.get("approval_id")),
+    "approvals": lambda s, a: _items(s.approvals(a.get("key"))),
+    "claim_history": lambda s, a: _items(s.claim_history(a.get("target"))),
+    "due_approvals": lambda s, a: _items(s.due_approvals(a.get("limit", 1000))),
 }
 
 
@@ -367,8 +410,9 @@ class StoreDriver(Driver):
     (or a ``StoreUnderTest``): an empty store, its clock hook and its cleanup. ``first``: an
     implementation already built by that factory, used by the first ``reset()``.
 
-    ``features`` defaults to ``{"store", "runtime"}``: the runtime operations run
-    ``atmostonce.runtime`` against a scripted platform over the same store.
+    ``features`` defaults to ``{"store", "runtime", "claims"}``: the runtime operations run
+    ``atmostonce.runtime`` against a scripted platform over the same store; the claims operations
+    are the store's approval and claim methods.
     """
 
     def __init__(
@@ -381,7 +425,7 @@ class StoreDriver(Driver):
     ):
         self.factory = factory
         self.name = name or getattr(factory, "__qualname__", "store")
-        self.features = frozenset(features if features is not None else {"store", "runtime"})
+        self.features = frozenset(features if features is not None else {"store", "runtime", "claims"})
         self._impl: Any = None
         self._runtime: RuntimeHarness | None = None
         self._first = first  # an implementation the caller already built: used by the first reset()
@@ -410,6 +454,8 @@ class StoreDriver(Driver):
                 return {"error": {"type": "unsupported", "message": f"{op}: no runtime feature"}}
             assert self._runtime is not None
             return _refusal_or_error(lambda: self._runtime.call(op, args))
+        if op in CLAIM_OPS and "claims" not in self.features:
+            return {"error": {"type": "unsupported", "message": f"{op}: no claims feature"}}
         fn = _STORE_CALLS.get(op)
         if fn is None:
             return {"error": {"type": "unsupported", "message": f"unknown operation {op!r}"}}

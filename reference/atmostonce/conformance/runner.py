@@ -175,7 +175,7 @@ def _wanted(expect: Mapping[str, Any]) -> str:
 def _subject_of(args: Mapping[str, Any]) -> str | None:
     if isinstance(args.get("key"), str):
         return args["key"]
-    for holder in ("lease", "plan", "intent"):
+    for holder in ("lease", "plan", "intent", "claim"):
         v = args.get(holder)
         if isinstance(v, Mapping) and isinstance(v.get("key"), str):
             return v["key"]
@@ -204,7 +204,18 @@ class _CaseRun:
     def snapshot(self, key: str | None) -> dict[str, Any]:
         if key is None:
             return {"count_by_state": self.read("count_by_state", {})}
-        return {op: self.driver.call(op, {"key": key}) for op in ("get", "history", "attempts", "reconciliations")}
+        out = {op: self.driver.call(op, {"key": key}) for op in ("get", "history", "attempts", "reconciliations")}
+        if "claims" in self.driver.features:  # the intent's target claim, its history, the approvals
+            target = out["get"].get("target")
+            out["approvals"] = self.driver.call("approvals", {"key": key})
+            out["claim"] = self.driver.call("claim", {"target": target})
+            out["claim_history"] = self.driver.call("claim_history", {"target": target})
+        return out
+
+    def target_of(self, key: str | None) -> str:
+        if key is None:
+            raise CaseError("claim expectations need a subject intent (add 'of')")
+        return self.read("get", {"key": key})["target"]
 
     def count(self, name: str, key: str | None) -> int:
         if name == "intents":
@@ -219,6 +230,10 @@ class _CaseRun:
             return sum(not a["outcomes"] for a in self.read("attempts", {"key": key})["items"])
         if name in ("attempts", "history", "reconciliations"):
             return len(self.read(name, {"key": key})["items"])
+        if name == "claims":  # dispatch claims held on the subject's target: 0 or 1
+            return int(self.read("claim", {"target": self.target_of(key)}).get("key") is not None)
+        if name == "audit":  # rows of the subject's target claim history (claim and approval moves)
+            return len(self.read("claim_history", {"target": self.target_of(key)})["items"])
         raise CaseError(f"unknown count {name!r}")
 
     # -- steps -----------------------------------------------------------------------------
@@ -276,6 +291,8 @@ class _CaseRun:
                 problems += match(exp["intent"], intent, "intent")
         for name, want in exp.get("counts", {}).items():
             problems += match(want, self.count(name, subject), name)
+        if "claim" in exp:
+            problems += match(exp["claim"], self.read("claim", {"target": self.target_of(subject)}), "claim")
         if "history_events" in exp:
             events = [h["event"] for h in self.read("history", {"key": subject})["items"]]
             problems += match(exp["history_events"], events, "history events")
