@@ -176,3 +176,19 @@ def test_approve_list_withdraw_and_show_the_claim(capsys, tmp_path):
     assert rc == 0 and "withdrawn" in out
     rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)
     assert rc == 1
+
+
+def test_retract_queues_a_retraction_of_a_published_intent(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    store = open_store(url)
+    it, _ = to_state(store, "published")
+    pending = store.submit("acct", "post", "room-r", {"text": "not sent"})
+    store.close()
+    rc, out, _ = run(capsys, "retract", it.key, "--database-url", url)
+    assert rc == 0 and "retract.delete" in out and "queued (pending)" in out
+    rc, out, _ = run(capsys, "retract", it.key, "--correct", '{"text": "fixed"}', "--database-url", url, "--json")
+    assert rc == 0 and json.loads(out)["request"]["correction"] == {"text": "fixed"}
+    rc, _, err = run(capsys, "retract", pending.key, "--database-url", url)
+    assert rc == 2 and "only a published intent" in err
+    rc, _, err = run(capsys, "retract", it.key, "--correct", "not json", "--database-url", url)
+    assert rc == 2

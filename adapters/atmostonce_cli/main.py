@@ -318,6 +318,19 @@ def cmd_approve(args) -> int:
     return EXIT_OK
 
 
+def cmd_retract(args) -> int:
+    store = _store(args)
+    correction = None
+    if args.correct is not None:
+        try:
+            correction = json.loads(args.correct)
+        except ValueError as exc:
+            raise IntakeError(f"--correct must be a JSON object: {exc}") from exc
+    it = store.submit_retraction(_resolve_key(store, args.key), correction=correction)
+    _emit(args, _intent_dict(it), f"{it.key[:16]}  {it.action_kind} of {it.request['remote_id']} queued ({it.state})")
+    return EXIT_OK
+
+
 def cmd_withdraw(args) -> int:
     a = _store(args).withdraw_approval(args.approval_id, operator=args.operator)
     _emit(args, a.__dict__, f"{a.approval_id}  now {a.state}")
@@ -496,6 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--request-digest", help="the digest the approver saw (default: the intent's)")
     ap.add_argument("--target-version", type=int, help="the target version the draft was written against")
     ap.set_defaults(func=cmd_approve)
+    rx = db(sub.add_parser("retract", help="queue a retraction (delete, or --correct) of a published intent's object"))
+    rx.add_argument("key")
+    rx.add_argument("--correct", metavar="JSON", help="replace the object's body with this JSON object instead")
+    rx.set_defaults(func=cmd_retract)
     wd = db(sub.add_parser("withdraw", help="withdraw an approval before its send started (operator)"))
     wd.add_argument("approval_id")
     wd.add_argument("--operator", required=True)

@@ -9,6 +9,10 @@ Endpoints (JSON bodies; objects are ``{"id", "body", "idempotency_key"}``):
 * ``GET /posts/{id}``: 200 with the object, 404 if absent or still lagging.
 * ``GET /posts?key=K``: find by idempotency key: 200 or 404; 501 when lookup is off.
 * ``DELETE /posts/{id}``: 204, or 404. The key is forgotten with the object.
+* ``PUT`` or ``PATCH /posts/{id}`` with a JSON object: the object's body becomes it (a correction),
+  200 with the object, or 404. Deletes and corrections (retractions) take their own planned fault
+  (:meth:`PlatformSink.plan_retraction_fault`): ``drop_before_write``, ``drop_after_write`` or
+  ``error_before_write``; they are counted in ``deletes`` and ``updates`` (applied writes only).
 
 Faults apply to create requests, one per request: first the FIFO of planned
 faults (:meth:`PlatformSink.plan`), else a draw from the ratio mix
@@ -212,12 +216,50 @@ class _Handler(BaseHTTPRequestHandler):
         if self._read_body() is None:
             return
         path = urlsplit(self.path).path
-        if path.startswith("/posts/") and sink._delete(unquote(path[len("/posts/") :])):
+        fault = sink._next_retraction_fault()
+        if fault == "error_before_write":
+            self._json(503, {"error": "injected: unavailable"})
+            return
+        if fault == "drop_before_write":
+            self._drop()
+            return
+        deleted = path.startswith("/posts/") and sink._delete(unquote(path[len("/posts/") :]))
+        if fault == "drop_after_write":
+            self._drop()
+        elif deleted:
             self.send_response(204)
             self.send_header("Content-Length", "0")
             self.end_headers()
         else:
             self._json(404, {"error": "not found"})
+
+    def do_PUT(self) -> None:
+        sink = self.server.sink
+        raw = self._read_body()
+        if raw is None:
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._json(400, {"error": "the body must be a JSON object"})
+            return
+        path = urlsplit(self.path).path
+        fault = sink._next_retraction_fault()
+        if fault == "error_before_write":
+            self._json(503, {"error": "injected: unavailable"})
+            return
+        if fault == "drop_before_write":
+            self._drop()
+            return
+        obj = sink._update(unquote(path[len("/posts/") :]), body) if path.startswith("/posts/") else None
+        if fault == "drop_after_write":
+            self._drop()
+        else:
+            self._found(obj)
+
+    do_PATCH = do_PUT
 
 
 class PlatformSink:
@@ -269,6 +311,9 @@ class PlatformSink:
         self._faults_applied: collections.Counter[str] = collections.Counter()
         self._requests = 0
         self._creates = 0
+        self._deletes = 0
+        self._updates = 0
+        self._retraction_faults: collections.deque[str] = collections.deque()
         self._planned: collections.deque[Fault] = collections.deque()
         self._mix: list[tuple[str, float]] = []
         self._rng = random.Random()
@@ -486,11 +531,43 @@ class PlatformSink:
                 return None
             return dict(obj)
 
+    def _next_retraction_fault(self) -> str | None:
+        with self._cond:
+            return self._retraction_faults.popleft() if self._retraction_faults else None
+
+    def plan_retraction_fault(self, fault: str) -> None:
+        """The next delete or correction meets ``fault``: ``drop_before_write``, ``drop_after_write`` or
+        ``error_before_write``. Raises ``ValueError`` for another kind."""
+        if fault not in ("drop_before_write", "drop_after_write", "error_before_write"):
+            raise ValueError(f"unknown retraction fault {fault!r}")
+        with self._cond:
+            self._retraction_faults.append(fault)
+
+    @property
+    def deletes(self) -> int:
+        with self._cond:
+            return self._deletes
+
+    @property
+    def updates(self) -> int:
+        with self._cond:
+            return self._updates
+
+    def _update(self, oid: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        with self._cond:
+            obj = self._objects.get(oid)
+            if obj is None:
+                return None
+            obj["body"] = body
+            self._updates += 1
+            return dict(obj)
+
     def _delete(self, oid: str) -> bool:
         with self._cond:
             obj = self._objects.pop(oid, None)
             if obj is None:
                 return False
+            self._deletes += 1
             self._visible_at.pop(oid, None)
             key = obj["idempotency_key"]
             if key is not None and self._by_key.get(key) == oid:

@@ -96,6 +96,8 @@ class HttpPlatformConfig:
       body; or ``id_from_location=True`` to take the last path segment of ``Location``.
     * ``read_back_path``: template with ``{id}``; ``None`` disables read-back.
     * ``lookup_path``: template with ``{key}`` (the idempotency key); ``None``: no lookup.
+    * ``delete_path`` / ``update_path`` (+ ``update_method``, PUT or PATCH): templates with ``{id}``
+      for retractions (delete, correct) of a published object; ``None``: that retraction is unsupported.
     * ``body_pointer``: where the posted body sits in a read-back or lookup response (``""``: all of it).
     * ``idempotency_header``: header carrying the idempotency key (``None``: not sent).
     * ``key_field``: pointer at which the idempotency key is embedded in the body (``None``: not embedded).
@@ -117,6 +119,9 @@ class HttpPlatformConfig:
     id_from_location: bool = False
     read_back_path: str | None = None
     lookup_path: str | None = None
+    delete_path: str | None = None
+    update_path: str | None = None
+    update_method: str = "PUT"
     body_pointer: str = ""
     idempotency_header: str | None = "Idempotency-Key"
     key_field: str | None = None
@@ -136,7 +141,7 @@ class HttpPlatformConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.base_url, str) or not re.match(r"^https?://[^/]", self.base_url):
             raise ValueError(f"base_url must be an http:// or https:// URL, got {self.base_url!r}")
-        for name in ("create_path", "read_back_path", "lookup_path"):
+        for name in ("create_path", "read_back_path", "lookup_path", "delete_path", "update_path"):
             path = getattr(self, name)
             if path is not None and (not isinstance(path, str) or not path.startswith("/")):
                 raise ValueError(f"{name} must start with '/', got {path!r}")
@@ -144,6 +149,12 @@ class HttpPlatformConfig:
             raise ValueError("read_back_path must contain {id}")
         if self.lookup_path is not None and "{key}" not in self.lookup_path:
             raise ValueError("lookup_path must contain {key}")
+        for name in ("delete_path", "update_path"):
+            if getattr(self, name) is not None and "{id}" not in getattr(self, name):
+                raise ValueError(f"{name} must contain {{id}}")
+        if str(self.update_method).upper() not in ("PUT", "PATCH"):
+            raise ValueError(f"update_method must be PUT or PATCH, got {self.update_method!r}")
+        object.__setattr__(self, "update_method", str(self.update_method).upper())
         method = str(self.create_method).upper()
         if method not in _METHODS:
             raise ValueError(f"create_method must be one of {_METHODS}, got {self.create_method!r}")
@@ -213,6 +224,7 @@ class HttpPlatformConfig:
             idempotent_resend=self.idempotent_resend,
             fenced_lookup=self.lookup_fenced and self.lookup_path is not None,
             resend_window_seconds=self.resend_window_seconds,
+            retract=self.delete_path is not None or self.update_path is not None,
         )
 
 
@@ -229,6 +241,8 @@ def sink_config(base_url: str, **overrides: Any) -> HttpPlatformConfig:
         id_pointer="/id",
         read_back_path="/posts/{id}",
         lookup_path="/posts?key={key}",
+        delete_path="/posts/{id}",
+        update_path="/posts/{id}",
         body_pointer="/body",
         idempotency_header="Idempotency-Key",
         may_exist_statuses=(409,),
@@ -284,11 +298,17 @@ class HttpTransport:
 
     # ---------------------------------------------------------------- send
     def wire_body(self, request: WireRequest) -> dict[str, Any]:
-        """The JSON document sent for ``request``: a deep copy of its body with the key at ``key_field``.
+        """The JSON document sent for ``request``: a deep copy of its body (for a correction, of the
+        corrected body) with the key at ``key_field``.
 
-        Raises ``ValueError`` if the key cannot be embedded.
+        Raises ``ValueError`` if the key cannot be embedded or a correction has no corrected body.
         """
-        body = copy.deepcopy(dict(request.body))
+        source = request.body
+        if request.action == "correct":
+            source = request.body.get("correction")
+            if not isinstance(source, Mapping):
+                raise ValueError("a correction needs a 'correction' object")
+        body = copy.deepcopy(dict(source))
         if self.config.key_field is not None:
             pointer_set(body, self.config.key_field, request.idempotency_key)
         return body
@@ -311,8 +331,16 @@ class HttpTransport:
         if self.config.idempotency_header is not None:
             _check_header(self.config.idempotency_header, request.idempotency_key)
             headers[self.config.idempotency_header] = request.idempotency_key
-        url = self._url(self.config.create_path, key=request.idempotency_key)
-        return self._client.build_request(self.config.create_method, url, content=content, headers=headers)
+        if request.action == "create":
+            url = self._url(self.config.create_path, key=request.idempotency_key)
+            return self._client.build_request(self.config.create_method, url, content=content, headers=headers)
+        path = self.config.delete_path if request.action == "delete" else self.config.update_path
+        if path is None or not request.object_id:
+            raise ValueError(f"this platform config cannot {request.action} an object (no path, or no object id)")
+        url = self._url(path, id=request.object_id)
+        if request.action == "delete":
+            return self._client.build_request("DELETE", url, headers=headers)
+        return self._client.build_request(self.config.update_method, url, content=content, headers=headers)
 
     def _created_id(self, response: httpx.Response) -> str | None:
         if self.config.id_from_location:
@@ -352,6 +380,11 @@ class HttpTransport:
             response = self._client.send(prepared, follow_redirects=False)
         except Exception as exc:  # classified by the table; anything unrecognised is "other" -> unknown
             return self._result(self._table.for_error(error_kind(exc)), f"{type(exc).__name__}: {exc}")
+        if request.action != "create":  # a retraction acts on a known object: read-back decides
+            if request.action == "delete" and response.status_code in (404, 410):
+                return Sent(str(request.object_id), digest_bytes(response.content))  # already gone
+            c = self._table.for_status(response.status_code, has_id=True, may_exist_statuses=())
+            return self._result(c, f"HTTP {response.status_code}", request.object_id, digest_bytes(response.content))
         remote_id = self._created_id(response)
         c = self._table.for_status(
             response.status_code, has_id=remote_id is not None, may_exist_statuses=self.config.may_exist_statuses

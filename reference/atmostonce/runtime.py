@@ -24,7 +24,7 @@ from typing import Any
 from .errors import AtMostOnceError, GuardRefused, Rejected
 from .identity import request_digest
 from .records import Intent, Lease
-from .store import Store
+from .store import RETRACTION_PREFIX, Store, retraction_of
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
 __all__ = [
@@ -67,8 +67,24 @@ class RuntimeConfig:
 
 
 def wire_request(intent: Intent) -> WireRequest:
-    """The exact request for an intent: its body, its delivery key, its resend epoch."""
-    return WireRequest(body=dict(intent.request), delivery_key=intent.key, resend_epoch=intent.resend_epoch)
+    """The exact request for an intent: its body, its delivery key, its resend epoch; for a retraction
+    (``Operations.submit_retraction``) also the action (``delete`` / ``correct``) and the object it acts on."""
+    retraction = retraction_of(intent) if intent.action_kind.startswith(RETRACTION_PREFIX) else None
+    return WireRequest(
+        body=dict(intent.request),
+        delivery_key=intent.key,
+        resend_epoch=intent.resend_epoch,
+        action="create" if retraction is None else retraction["mode"],
+        object_id=None if retraction is None else retraction["remote_id"],
+    )
+
+
+def read_back_confirms(transport: Transport, wire: WireRequest, rb: Any) -> bool:
+    """Whether a read-back proves the request took effect: the object equals what was sent (create,
+    correct), or the object is gone (delete)."""
+    if wire.action == "delete":
+        return isinstance(rb, NotFound)
+    return isinstance(rb, Found) and transport.matches(wire, rb)
 
 
 def _descriptor(transport: Transport, wire: WireRequest) -> dict[str, Any]:
@@ -112,6 +128,8 @@ class Dispatcher:
             return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
         if before.source_version is not None and self.store.source_head(before.source_id) != before.source_version:
             return "gate.stale_source"  # the freshness fence: skipped before any expensive work
+        if wire_request(before).action != "create" and not self.transport.capabilities.retract:
+            return "retract.unsupported"  # nothing begun: a transport that cannot retract must not try
         claim = None
         if before.requires_approval:  # seeds 001-002: an approval of these bytes, then the target's claim
             digest = request_digest(wire_request(before).body)
@@ -172,7 +190,7 @@ class Dispatcher:
         self._record(result.outcome, lease, remote_id=result.remote_id, response_digest=result.response_digest)
         self._point("after_record_success")
         rb = self.transport.read_back(result.remote_id)
-        if isinstance(rb, Found) and self.transport.matches(wire, rb):
+        if read_back_confirms(self.transport, wire, rb):
             self._record("read_back.match", lease)
             return "read_back.match"
         reason = "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
@@ -274,13 +292,18 @@ class Reconciler:
         if it.reconcile_count >= it.max_reconciles:
             self.store.park_unreconcilable(plan, reason="reconcile.budget_spent")
             return "reconcile.budget_spent"
-        if it.remote_id is not None and caps.read_back:
-            rb = self.transport.read_back(it.remote_id)
-            if isinstance(rb, Found) and self.transport.matches(wire_request(it), rb):
-                self.store.reconcile_found(plan, remote_id=it.remote_id)
+        wire = wire_request(it)
+        object_id = it.remote_id if it.remote_id is not None else wire.object_id  # a retraction acts on a known object
+        if object_id is not None and caps.read_back:
+            rb = self.transport.read_back(object_id)
+            if read_back_confirms(self.transport, wire, rb):
+                self.store.reconcile_found(plan, remote_id=object_id)
                 return "lookup.found"
             self.store.reconcile_not_found(plan)
             return "lookup.not_found"
+        if wire.action != "create":  # a key lookup says nothing about a deletion or a correction
+            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
+            return "lookup.unsupported"
         if not caps.lookup_by_key:
             self.store.park_unreconcilable(plan, reason="lookup.unsupported")
             return "lookup.unsupported"

@@ -39,7 +39,24 @@ from .records import (
 )
 from .table import Table
 
-__all__ = ["FENCING_GUARDS", "Operations", "Store"]
+__all__ = ["FENCING_GUARDS", "RETRACTION_PREFIX", "Operations", "Store", "retraction_of"]
+
+RETRACTION_PREFIX = "retract."
+"""Action kinds of retraction intents: ``retract.delete`` and ``retract.correct``."""
+
+
+def retraction_of(intent_or_body: Any) -> dict[str, Any] | None:
+    """The retraction request (``retracts``, ``remote_id``, ``mode``, optional ``correction``) of a retraction
+    intent or its wire body, else ``None``."""
+    body = getattr(intent_or_body, "request", intent_or_body)
+    if (
+        isinstance(body, Mapping)
+        and isinstance(body.get("retracts"), str)
+        and body.get("mode") in ("delete", "correct")
+    ):
+        return dict(body)
+    return None
+
 
 FENCING_GUARDS = ("lease_holder", "restore_epoch_current", "plan_unchanged")
 """Guards whose refusals are recorded: they catch a worker or maintenance pass acting on a stale view."""
@@ -144,6 +161,28 @@ class Operations(ClaimOperations):
             requires_approval=requires_approval,
         )
         return self._create(sub)[0]
+
+    def submit_retraction(
+        self, key: str, *, correction: Mapping[str, Any] | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    ) -> Intent:
+        """A retraction of published intent ``key``: its own delivery intent against the recorded remote
+        object id (seed 001: local status never undoes a remote effect). Without ``correction`` it
+        deletes the object; with it, it replaces the object's body by ``correction`` (a JSON object).
+        It is dispatched, read back and reconciled like any intent: a deletion is confirmed when
+        read-back finds no object, a correction when the object equals the corrected body. The
+        original intent stays ``published``. Submitting the same retraction again returns the same
+        intent. Raises ``IntakeError`` when ``key`` is not published with a remote id, or for bad input.
+        """
+        it = self.get(check_text("key", key, max_chars=256))  # type: ignore[attr-defined]
+        if self.table.states[it.state].disposition != "done" or it.remote_id is None:
+            raise IntakeError(f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}")
+        if it.action_kind.startswith(RETRACTION_PREFIX):
+            raise IntakeError("a retraction is not itself retracted; submit a correction of the original instead")
+        mode = "delete" if correction is None else "correct"
+        request: dict[str, Any] = {"retracts": it.key, "remote_id": it.remote_id, "mode": mode}
+        if correction is not None:
+            request["correction"] = check_json_object("correction", correction)
+        return self.submit(it.account, RETRACTION_PREFIX + mode, it.target, request, max_attempts=max_attempts)
 
     # -- sources (seed 004, "Recovery is the dangerous half") -----------------------------------
     def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:  # pragma: no cover

@@ -51,6 +51,8 @@ class Capabilities:
     idempotent_resend: bool = False
     fenced_lookup: bool = False
     resend_window_seconds: float | None = None
+    retract: bool = False
+    """The transport can delete or correct a published object by its remote id (issue 5: a retraction)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,9 @@ class WireRequest:
     delivery_key: str
     resend_epoch: int = 0
     headers: Mapping[str, str] = field(default_factory=dict)
+    action: str = "create"
+    """``create`` (a new object), or for a retraction ``delete`` / ``correct`` the object ``object_id``."""
+    object_id: str | None = None
 
     @property
     def idempotency_key(self) -> str:

@@ -37,7 +37,14 @@ def test_capabilities_follow_config():
     bare = HttpPlatformConfig(base_url="http://h")
     assert bare.capabilities == Capabilities(read_back=False, lookup_by_key=False)
     sink = sink_config("http://127.0.0.1:1")
-    assert sink.capabilities == Capabilities(read_back=True, lookup_by_key=True, idempotent_resend=True)
+    assert sink.capabilities == Capabilities(read_back=True, lookup_by_key=True, idempotent_resend=True, retract=True)
+    no_retraction = sink_config("http://127.0.0.1:1", delete_path=None, update_path=None)
+    assert no_retraction.capabilities.retract is False
+    assert sink_config("http://127.0.0.1:1", update_path=None).capabilities.retract is True
+    with pytest.raises(ValueError, match="delete_path must contain"):
+        sink_config("http://127.0.0.1:1", delete_path="/posts")
+    with pytest.raises(ValueError, match="update_method"):
+        sink_config("http://127.0.0.1:1", update_method="POST")
     with HttpTransport(sink) as t:
         assert isinstance(t, Transport)
         assert (t.name, t.protocol_version, t.capabilities) == ("http", 1, sink.capabilities)
