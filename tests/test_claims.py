@@ -470,3 +470,37 @@ def test_model_and_sql_registries_cover_exactly_the_machine_catalogues():
 
     assert set(APPROVAL_GUARDS) == set(APPROVAL_SQL_GUARDS) == set(machine("approval").guards)
     assert set(CLAIM_GUARDS) == set(CLAIM_SQL_GUARDS) == set(machine("claim").guards)
+
+
+def test_a_deliberate_resend_by_an_operator_reopens_an_uncertain_claim(any_store):
+    s = any_store.store
+    it = gated(s)
+    lease = authorize(s, it, reserve(s, it, approve(s, it)))
+    s.record_unknown(lease, reason="timeout")
+    s.park(it.key, operator="ops")
+    assert s.claim(TARGET).state == "uncertain"
+    s.resend(it.key, operator="ops")  # a person decided to send again, under a new resend epoch
+    assert s.get(it.key).state == "pending" and s.claim(TARGET).state == "free"
+    [entry] = [h for h in s.claim_history(TARGET) if h.event == "reopen_by_operator"]
+    assert entry.actor == "operator:ops" and entry.from_state == "uncertain"
+    # and it needs a new approval of its bytes to go again
+    with pytest.raises(GuardRefused) as e:
+        reserve(s, it, s.approvals(it.key)[0])
+    assert e.value.guard == "approval_usable"
+
+
+@pytest.mark.parametrize("where", ["reserved", "sending"])
+def test_a_declared_restore_makes_a_held_claim_uncertain(any_store, where):
+    s = any_store.store
+    it = gated(s)
+    claim = reserve(s, it, approve(s, it))
+    if where == "sending":
+        authorize(s, it, claim)
+    else:
+        s.begin(it.key, lease_seconds=30)
+    epoch, fenced = s.declare_restore(operator="ops")
+    assert fenced >= 1 and s.get(it.key).state == "indeterminate"
+    c = s.claim(TARGET)
+    assert c.state == "uncertain" and c.key == it.key  # after a restore nothing local proves what was sent
+    [entry] = [h for h in s.claim_history(TARGET) if h.event == "fence_claim"]
+    assert entry.from_state == where
