@@ -504,3 +504,30 @@ def test_a_declared_restore_makes_a_held_claim_uncertain(any_store, where):
     assert c.state == "uncertain" and c.key == it.key  # after a restore nothing local proves what was sent
     [entry] = [h for h in s.claim_history(TARGET) if h.event == "fence_claim"]
     assert entry.from_state == where
+
+
+def test_a_claim_is_reserved_only_for_a_queued_intent(any_store):
+    s = any_store.store
+    it = gated(s)
+    apv = approve(s, it)
+    s.park(it.key, operator="ops")
+    before = everything(s, it)
+    with pytest.raises(GuardRefused) as e:
+        reserve(s, it, apv)
+    assert e.value.guard == "intent_queued"
+    assert everything(s, it) == before
+
+
+def test_a_claim_bound_to_one_draft_cannot_authorize_another(any_store):
+    s = any_store.store
+    d, e_ = gated(s, "draft d"), gated(s, "draft e")
+    claim_d = reserve(s, d, approve(s, d))
+    approve(s, e_)
+    lease_e = s.begin(e_.key, lease_seconds=30)
+    before = everything(s, e_)
+    with pytest.raises(GuardRefused) as e:
+        s.authorize_dispatch(lease_e, request_digest=e_.request_digest, claim=claim_d)
+    assert e.value.guard == "bound_to_intent"
+    assert everything(s, e_) == before
+    authorize(s, d, claim_d)
+    assert s.get(d.key).state == "authorized"
