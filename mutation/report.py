@@ -77,6 +77,7 @@ def render() -> str:
                 verdict = f"**survived** ({r.get('note') or r.get('by') or 'no failing test'})"
             lines.append(f"* removed from {layer}: {verdict}")
         lines.append("")
+    lines += _machine_sections(by_mutant, equivalent)
     others = [r for r in results if ":guard:" not in r["mutant"]]
     if others:
         killed = sum(r["killed"] for r in others)
@@ -92,6 +93,63 @@ def render() -> str:
         lines += [f"| `{r['mutant']}` | {('`' + r['by'] + '`') if r['killed'] else '**survived**'} |" for r in others]
         lines.append("")
     return "\n".join(lines)
+
+
+def _verdict(by_mutant, equivalent, mutant: str) -> str:
+    r = by_mutant.get(mutant)
+    if r is None:
+        return "not run yet"
+    if r["killed"]:
+        return f"killed by `{r['by']}`"
+    if mutant in equivalent:
+        return f"equivalent, explained: {equivalent[mutant]}"
+    return f"**survived** ({r.get('note') or r.get('by') or 'no failing test'})"
+
+
+def _machine_sections(by_mutant, equivalent) -> list[str]:
+    """The approval and target-claim machines' guards (spec/approval.toml, spec/claim.toml; issue 5)."""
+    from atmostonce.claims import APPROVAL_GUARDS, CLAIM_GUARDS
+    from atmostonce.table import MACHINES, machine, table
+    from atmostonce_sql.claims import APPROVAL_SQL_GUARDS, CLAIM_SQL_GUARDS, Refs, _p
+    from atmostonce_sql.schema import approvals, claims
+    from atmostonce_sql.store import db_now
+
+    model = {"approval": APPROVAL_GUARDS, "claim": CLAIM_GUARDS}
+    sql = {"approval": APPROVAL_SQL_GUARDS, "claim": CLAIM_SQL_GUARDS}
+    cols = {"approval": approvals.c, "claim": claims.c}
+    refs = Refs(_p("key"), _p("approval_id"), table(), machine("approval"))
+    lines = [
+        "# The approval and target-claim machines",
+        "",
+        "The same treatment for the guards of `spec/approval.toml` and `spec/claim.toml` (seeds 001-003). "
+        "Their SQL fragments read `:c_key` (the intent the move is for) and `:c_approval_id` (the approval "
+        "presented, or, in a move coupled to an intent's, the one the claim is bound to); rendered alone, a fragment lists `aom_claims` in its FROM, while inside the conditional UPDATE those columns are the row being moved.",
+        "",
+    ]
+    for m in MACHINES:
+        t = machine(m)
+        for g in t.guards.values():
+            fn = sql[m][g.name]
+            text = str(
+                fn(cols[m], db_now("postgresql"), refs).compile(
+                    dialect=postgresql.dialect(), compile_kwargs={"render_postcompile": True}
+                )
+            )
+            used = ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards)
+            lines += [
+                f"## `{g.name}` ({m} machine)",
+                "",
+                f"{g.meaning}. Source: {g.seed}. Used by: {used}.",
+                "",
+                f"* model predicate: {_where(model[m][g.name])}",
+                f"* SQL fragment ({_where(fn)}): `{' '.join(text.split())}`",
+            ]
+            lines += [
+                f"* removed from {layer}: {_verdict(by_mutant, equivalent, f'{layer}:guard:{g.name}')}"
+                for layer in ("model", "sqlite", "postgresql")
+            ]
+            lines.append("")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
