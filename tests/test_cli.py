@@ -172,6 +172,8 @@ def test_approve_list_withdraw_and_show_the_claim(capsys, tmp_path):
     assert rc == 1  # refused by approver_identified
     rc, out, _ = run(capsys, "claim", "show", "room-c", "--database-url", url)
     assert rc == 0 and "claim free" in out and "approve" in out
+    rc, out, _ = run(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == 0 and f"{approval_id} approved by alice" in out and "target claim: free" in out
     rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)
     assert rc == 0 and "withdrawn" in out
     rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)

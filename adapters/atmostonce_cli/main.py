@@ -163,10 +163,23 @@ def cmd_intents_show(args) -> int:
         }
         for h in hist
     ]
+    gate = []
+    if it.requires_approval:
+        apvs = store.approvals(key)
+        claim = store.claim(it.target)
+        data["approvals"] = [a.__dict__ for a in apvs]
+        data["claim"] = None if claim is None else claim.__dict__ | {"owner_token": None}
+        bound = claim is not None and claim.key == key
+        gate = [
+            f"  approval required: {len(apvs)} approval(s) "
+            + (", ".join(f"{a.approval_id} {a.state} by {a.approver}" for a in apvs) or "(none yet)"),
+            f"  target claim: {claim.state if claim else 'none'}" + (" (bound to this intent)" if bound else ""),
+        ]
     text = "\n".join(
         [
             f"intent {it.key}",
             f"  state {it.state}  account {it.account}  kind {it.action_kind}  target {it.target}",
+            *gate,
             f"  attempts {it.attempt_count}/{it.max_attempts}  reconciles {it.reconcile_count}/{it.max_reconciles}"
             f"  resend epoch {it.resend_epoch}  remote id {it.remote_id or '-'}",
             "history (ordered by store sequence; wall time is context only):",
