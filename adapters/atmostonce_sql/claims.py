@@ -155,10 +155,11 @@ class SqlClaims:
         for eff in ev.effects:
             values.update(self._aux_effect_values(eff, c))
         update = sa.update(tbl).where(*where).values(**values).returning(*tbl.c)
-        diagnose = sa.select(c.state, *[sa.case((guards[g](c, self._now, x), 1), else_=0) for g in ev.guards]).where(
+        checked = [g for g in ev.guards if g not in self._disabled_guards]
+        diagnose = sa.select(c.state, *[sa.case((guards[g](c, self._now, x), 1), else_=0) for g in checked]).where(
             subject == _p("subject")
         )
-        out = {"update": update, "diagnose": diagnose, "event": ev}
+        out = {"update": update, "diagnose": diagnose, "event": ev, "checked": checked}
         self._cache[cache_key] = out
         return out
 
@@ -217,7 +218,7 @@ class SqlClaims:
             return UnknownIntent(ev.name, subject, "subject_exists", None)
         if found[0] not in ev.sources:
             return IllegalMove(ev.name, subject, "source_state", found[0])
-        for i, g in enumerate(ev.guards):
+        for i, g in enumerate(stmts["checked"]):  # the guards this statement evaluates, in table order
             if not found[i + 1]:
                 return GuardRefused(ev.name, subject, g, found[0])
         return Rejected(ev.name, subject, "lost_race", found[0], "the row changed between the write and the diagnosis")
