@@ -182,7 +182,7 @@ inline sweeper_reset() {
 }
 
 inline plan_reset() {
-  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rid = 0; pl_ep = 0; r_ev = 0; r_rid = 0
+  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rep = 0; pl_rid = 0; pl_ep = 0; r_ev = 0; r_rid = 0
 }
 
 /* ================================================================ events (one per table row) */
@@ -252,14 +252,15 @@ inline ev_authorize_dispatch() {
 }
 
 /* block_at_gate (worker): pending -> parked
-   guards: lease_holder
+   guards: lease_holder, restore_epoch_current
    effects: close_attempt
    source: 004 Recovery (a block at publish time is terminal) */
 inline ev_block_at_gate() {
   d_step {
     if
     :: (state == pending) &&
-       ((att_open && row_tok == my_tok && gen == my_gen)) ->
+       ((att_open && row_tok == my_tok && gen == my_gen)) &&
+       ((row_rep == my_rep && my_rep == repoch)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
        /* effect close_attempt */
@@ -278,14 +279,15 @@ inline ev_block_at_gate() {
 }
 
 /* record_success (worker): authorized -> authorized
-   guards: lease_holder
+   guards: lease_holder, restore_epoch_current
    effects: set_remote_id
    source: 004 SM, 004 M4 (response is not proof: read back next) */
 inline ev_record_success() {
   d_step {
     if
     :: (state == authorized) &&
-       ((att_open && row_tok == my_tok && gen == my_gen)) ->
+       ((att_open && row_tok == my_tok && gen == my_gen)) &&
+       ((row_rep == my_rep && my_rep == repoch)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
        /* effect set_remote_id */
@@ -299,7 +301,7 @@ inline ev_record_success() {
 }
 
 /* confirm_read_back (worker): authorized -> published
-   guards: lease_holder, remote_id_known
+   guards: lease_holder, restore_epoch_current, remote_id_known
    effects: close_attempt
    source: 004 M4 */
 inline ev_confirm_read_back() {
@@ -307,6 +309,7 @@ inline ev_confirm_read_back() {
     if
     :: (state == authorized) &&
        ((att_open && row_tok == my_tok && gen == my_gen)) &&
+       ((row_rep == my_rep && my_rep == repoch)) &&
        (rid != 0) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
@@ -327,7 +330,7 @@ inline ev_confirm_read_back() {
 }
 
 /* read_back_failed (worker): authorized -> indeterminate
-   guards: lease_holder, remote_id_known
+   guards: lease_holder, restore_epoch_current, remote_id_known
    effects: close_attempt
    source: 004 M4 (not found yet or differs: unknown) */
 inline ev_read_back_failed() {
@@ -335,6 +338,7 @@ inline ev_read_back_failed() {
     if
     :: (state == authorized) &&
        ((att_open && row_tok == my_tok && gen == my_gen)) &&
+       ((row_rep == my_rep && my_rep == repoch)) &&
        (rid != 0) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
@@ -355,14 +359,15 @@ inline ev_read_back_failed() {
 }
 
 /* record_not_sent (worker): authorized -> failed
-   guards: lease_holder
+   guards: lease_holder, restore_epoch_current
    effects: close_attempt, release_text_slot
    source: 004 SM (definitive not-sent) */
 inline ev_record_not_sent() {
   d_step {
     if
     :: (state == authorized) &&
-       ((att_open && row_tok == my_tok && gen == my_gen)) ->
+       ((att_open && row_tok == my_tok && gen == my_gen)) &&
+       ((row_rep == my_rep && my_rep == repoch)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
        /* effect close_attempt */
@@ -384,14 +389,15 @@ inline ev_record_not_sent() {
 }
 
 /* record_unknown (worker): authorized -> indeterminate
-   guards: lease_holder
+   guards: lease_holder, restore_epoch_current
    effects: close_attempt
    source: 004 SM (unknown stays unknown) */
 inline ev_record_unknown() {
   d_step {
     if
     :: (state == authorized) &&
-       ((att_open && row_tok == my_tok && gen == my_gen)) ->
+       ((att_open && row_tok == my_tok && gen == my_gen)) &&
+       ((row_rep == my_rep && my_rep == repoch)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
        /* effect close_attempt */
@@ -471,7 +477,7 @@ inline ev_reconcile_found() {
   d_step {
     if
     :: (state == indeterminate) &&
-       ((gen == pl_gen && rc == pl_rc)) ->
+       ((gen == pl_gen && rc == pl_rc && pl_rep == repoch)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || pl_gen == gen);
        /* effect set_remote_id */
@@ -495,7 +501,7 @@ inline ev_reconcile_not_found() {
   d_step {
     if
     :: (state == indeterminate) &&
-       ((gen == pl_gen && rc == pl_rc)) &&
+       ((gen == pl_gen && rc == pl_rc && pl_rep == repoch)) &&
        (rc < max_rc) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || pl_gen == gen);
@@ -512,16 +518,17 @@ inline ev_reconcile_not_found() {
 }
 
 /* reconcile_absent (reconciler): indeterminate -> failed
-   guards: plan_unchanged, evidence_fenced, no_remote_object
+   guards: plan_unchanged, evidence_fenced, no_remote_object, absence_provable
    effects: count_reconcile, release_text_slot
    source: 004 M4 (idempotency-status lookup resolves both ways), 002 */
 inline ev_reconcile_absent() {
   d_step {
     if
     :: (state == indeterminate) &&
-       ((gen == pl_gen && rc == pl_rc)) &&
+       ((gen == pl_gen && rc == pl_rc && pl_rep == repoch)) &&
        (FENCED) &&
-       (rid == 0) ->
+       (rid == 0) &&
+       (row_rep == repoch) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || pl_gen == gen);
        /* effect count_reconcile */
@@ -545,7 +552,7 @@ inline ev_park_unreconcilable() {
   d_step {
     if
     :: (state == indeterminate) &&
-       ((gen == pl_gen && rc == pl_rc)) ->
+       ((gen == pl_gen && rc == pl_rc && pl_rep == repoch)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || pl_gen == gen);
        state = parked;
@@ -684,7 +691,7 @@ inline ev_resend() {
        (op_named) ->
        t_from = state; t_lease = lease;
        /* effect bump_resend_epoch */
-       epoch++;
+       epoch++; rid = 0;
        /* effect grant_attempt */
        if
        :: max_attempts < attempt_count + 1 -> max_attempts = attempt_count + 1
@@ -796,11 +803,11 @@ end:
  * resend epoch), makes at most one lookup, then records what it found; its plan may be stale by
  * then. It claims `fenced` whenever the platform's lookup is fenced, whichever lookup it made. */
 proctype reconciler() {
-  byte pl_gen, pl_rc, pl_rid, pl_ep, r_ev, r_rid;
+  byte pl_gen, pl_rc, pl_rep, pl_rid, pl_ep, r_ev, r_rid;
   bit pl_have, ok;
 end:
   do
-  :: atomic { !pl_have && state == indeterminate -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rid = rid; pl_ep = epoch }
+  :: atomic { !pl_have && state == indeterminate -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rep = repoch; pl_rid = rid; pl_ep = epoch }
   /* read back by remote id: never fenced; a landed object may not be visible yet */
   :: atomic { pl_have && r_ev == 0 && pl_rid != 0 ->
        if
@@ -849,8 +856,8 @@ end:
   :: atomic { moves < OPERATOR_MOVES -> op_named = 0; ev_resolve_not_sent(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ok = 0 }
   :: atomic { moves < OPERATOR_MOVES -> op_named = 1; ev_resend(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ok = 0 }
   :: atomic { moves < OPERATOR_MOVES -> op_named = 0; ev_resend(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ok = 0 }
-  :: atomic { moves < OPERATOR_MOVES && restore_unfenced -> op_named = 1; ev_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ok = 0 }
-  :: atomic { moves < OPERATOR_MOVES && restore_unfenced -> op_named = 0; ev_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ok = 0 }
+  :: atomic { restore_unfenced -> op_named = 1; ev_restore_fence(); skip; op_named = 0; ok = 0 }
+  :: atomic { restore_unfenced -> op_named = 0; ev_restore_fence(); skip; op_named = 0; ok = 0 }
   od
 }
 
@@ -899,7 +906,9 @@ proctype dba() {
   atomic { b_state = state; b_att_open = att_open; b_row_tok = row_tok; b_gen = gen; b_gen_seq = gen_seq; b_row_rep = row_rep; b_lease = lease; b_attempt_count = attempt_count; b_max_attempts = max_attempts; b_rc = rc; b_max_rc = max_rc; b_epoch = epoch; b_rid = rid; b_txt_ours = txt_ours; b_holder = holder; b_g_begins = g_begins; b_g_cap = g_cap; b_g_inconclusive = g_inconclusive; printf("MSC: database: backup taken\n") };
 end_restore:
   atomic {
+#ifndef RESTORE_ANYTIME
     !ANY_IN_GAP ->   /* opened only once every send lease issued before the restore has run out */
+#endif
     state = b_state; att_open = b_att_open; row_tok = b_row_tok; gen = b_gen; gen_seq = b_gen_seq; row_rep = b_row_rep; lease = b_lease; attempt_count = b_attempt_count; max_attempts = b_max_attempts; rc = b_rc; max_rc = b_max_rc; epoch = b_epoch; rid = b_rid; txt_ours = b_txt_ours; holder = b_holder; g_begins = b_g_begins; g_cap = b_g_cap; g_inconclusive = b_g_inconclusive;
     b_state = 0; b_att_open = 0; b_row_tok = 0; b_gen = 0; b_gen_seq = 0; b_row_rep = 0; b_lease = 0; b_attempt_count = 0; b_max_attempts = 0; b_rc = 0; b_max_rc = 0; b_epoch = 0; b_rid = 0; b_txt_ours = 0; b_holder = 0; b_g_begins = 0; b_g_cap = 0; b_g_inconclusive = 0;
     repoch++; restored = 1; printf("MSC: database: restored from the backup\n");

@@ -7,10 +7,12 @@ committed ``spec/atmostonce.pml``), runs ``spin -a``, compiles ``pan`` with gcc 
 * one ablation per catalogued guard, the guard removed from every event: each must produce a
   counterexample in some configuration, unless :data:`NOT_CAUGHT` names the guard with a reason
   (then it must produce none);
+* partial ablations (:data:`PARTIAL_ABLATIONS`): a guard removed from some of its events only,
+  which must produce a counterexample too;
 * the deliberately broken configuration (a machine retry of an unknown outcome), which must
   produce a counterexample;
-* explorations (:data:`EXPLORATIONS`): configurations with known open findings, whose result is
-  recorded and compared like everything else.
+* explorations (:data:`EXPLORATIONS`): configurations that drop an assumption of the model on
+  purpose; their counterexample is expected, recorded and compared like everything else.
 
 It reads each ``pan`` report (errors, states stored, transitions, depth, time; ``./pan`` exits 0
 even when it finds errors), replays every counterexample with ``spin -t -p`` and keeps the event
@@ -60,29 +62,52 @@ CONFIGURATIONS: dict[str, tuple[str, ...]] = {
     "main": (),
     # plus another intent of the same account with the same text; one operator move
     "text": ("-DOTHER_INTENT", "-DOPERATOR_MOVES=1"),
+    # plus one database backup and one restore from it (restore epoch, restore fence); one operator
+    # move besides the fence; sends beyond the request slots are not explored (a restore rewinds the
+    # attempt count, so the slot bound of the other configurations does not hold here)
+    "restore": ("-DRESTORES", "-DOPERATOR_MOVES=1", "-DCUT_AT_BOUND"),
 }
-# ablations try the cheaper configuration first
-ABLATION_ORDER = ("text", "main")
+# ablations try the cheaper configurations first
+ABLATION_ORDER = ("text", "main", "restore")
+# guards that are always true without a restore (every lease, plan and attempt carries the one
+# restore epoch there, so the ablated model of the other configurations is the model proper):
+# their ablations run in the restore configuration only
+RESTORE_GUARDS = ("restore_epoch_current", "absence_provable")
 # the vacuity check (every event fires) runs here: every event can fire in it, and it is cheap
 COVERAGE_CONFIGURATION = "text"
 
-# configurations with open findings: the counterexample is expected and recorded
+# explorations: configurations that break an assumption of the model on purpose; the
+# counterexample is expected and recorded (docs/formal.md)
 EXPLORATIONS: dict[str, tuple[tuple[str, ...], str]] = {
-    "restore": (
-        ("-DRESTORES", "-DCUT_AT_BOUND"),
-        "one database backup and restore (restore epoch, restore fence); open findings, docs/formal.md",
+    "restore_anytime": (
+        ("-DRESTORES", "-DOPERATOR_MOVES=1", "-DCUT_AT_BOUND", "-DRESTORE_ANYTIME"),
+        "the restore configuration without its procedure step 'wait out every send lease issued "
+        "before the restore': a worker between its authorization and its send puts bytes on the wire "
+        "after the restore (docs/formal.md)",
     ),
 }
 
 # guards whose removal cannot show at this abstraction level, with the reason
-NOT_CAUGHT: dict[str, str] = {
-    "restore_epoch_current": (
-        "It only matters after a database restore rewinds rows and sequences. The checked "
-        "configurations have no restore, so every lease carries the current restore epoch and the "
-        "guard is always true there; the restore exploration (-DRESTORES) already finds "
-        "counterexamples with every guard in place (docs/formal.md, open findings), so removing "
-        "the guard cannot be judged there."
-    ),
+NOT_CAUGHT: dict[str, str] = {}
+
+# partial ablations, to show that each placement and each clause of a guard matters: a guard removed
+# from some events only ("keep": the events it stays on), or one clause of its Promela translation
+# removed from every event ("clause": the rendered text, dropped with the `&&` before it)
+PARTIAL_ABLATIONS: dict[str, dict[str, Any]] = {
+    "restore_epoch_current@completing_writes": {
+        "guard": "restore_epoch_current",
+        "keep": ("authorize_dispatch",),
+        "configuration": "restore",
+        "what": "the epoch fence kept on the authorizing write only: a straggler past its send records "
+        "an outcome on the restored attempt, whose token and generation still match (docs/formal.md, F3)",
+    },
+    "plan_unchanged@without_epoch": {
+        "guard": "plan_unchanged",
+        "clause": "pl_rep == repoch",
+        "configuration": "restore",
+        "what": "plans compared on generation and reconcile count only: a plan from before the restore "
+        "matches the restored row and records what it found there (docs/formal.md, F2)",
+    },
 }
 
 # full searches are compiled with -O2 (gcc takes ~5 s, pan runs ~1.7x faster); searches that are
@@ -248,8 +273,8 @@ def job_ablation(table, guard: str, workdir: Path) -> Outcome:
     model = promela.generate(table, drop_guard=guard)
     tried = []
     res = None
-    for config in ABLATION_ORDER:
-        flags = (*CONFIGURATIONS[config], "-DCUT_AT_BOUND")
+    for config in ("restore",) if guard in RESTORE_GUARDS else ABLATION_ORDER:
+        flags = tuple(dict.fromkeys((*CONFIGURATIONS[config], "-DCUT_AT_BOUND")))
         res = check_one(f"ablation/{guard}/{config}", model, flags, workdir, full=guard in NOT_CAUGHT)
         tried.append(config)
         if res.errors:
@@ -274,6 +299,36 @@ def job_ablation(table, guard: str, workdir: Path) -> Outcome:
     return Outcome("ablation", guard, True, rec)
 
 
+def job_partial_ablation(table, name: str, workdir: Path) -> Outcome:
+    import dataclasses
+    from types import MappingProxyType
+
+    spec = PARTIAL_ABLATIONS[name]
+    guard, config = spec["guard"], spec["configuration"]
+    keep, clause = spec.get("keep"), spec.get("clause")
+    if keep is not None:
+        events = {
+            n: e if n in keep else dataclasses.replace(e, guards=tuple(g for g in e.guards if g != guard))
+            for n, e in table.events.items()
+        }
+        table = dataclasses.replace(table, events=MappingProxyType(events))
+    model = promela.generate(table, note=f"PARTIAL ABLATION: {name}")
+    if clause is not None:
+        cut = model.replace(f" && {clause}", "")
+        if cut == model:
+            raise RuntimeError(f"{name}: clause {clause!r} is not in the model")
+        model = cut
+    flags = tuple(dict.fromkeys((*CONFIGURATIONS[config], "-DCUT_AT_BOUND")))
+    res = check_one(f"partial/{name}", model, flags, workdir, full=False)
+    rec = _record(res, config, flags, trail=True)
+    rec["what"] = spec["what"]
+    if not res.errors:
+        return Outcome("partial", name, False, rec, [f"the partial ablation {name} is not caught"])
+    if res.violated.startswith("BOUND"):
+        return Outcome("partial", name, False, rec, ["only the model bound was hit: not a property"])
+    return Outcome("partial", name, True, rec)
+
+
 def job_broken(table, workdir: Path) -> Outcome:
     broken = promela.broken_retry_on_unknown(table)
     model = promela.generate(broken, extra_evidence=promela.BROKEN_EVIDENCE, note="BROKEN ON PURPOSE: retry on unknown")
@@ -295,9 +350,17 @@ def job_broken(table, workdir: Path) -> Outcome:
 
 def job_exploration(table, name: str, workdir: Path) -> Outcome:
     flags, what = EXPLORATIONS[name]
-    res = check_one(f"exploration/{name}", promela.generate(table), flags, workdir)
+    # breadth-first: the trail is a shortest one (for the docs)
+    res = check_one(f"exploration/{name}", promela.generate(table), flags, workdir, full=False, bfs=True)
     rec = _record(res, name, flags, trail=True)
     rec["what"] = what
+    # with only P1 switched on: whether dropping the assumption leads to a duplicate effect
+    # (depth-first: a breadth-first search for it stores some 9 million states)
+    flags1 = (*flags, "-DCHECK=1")
+    dup = check_one(f"exploration/{name}-P1", promela.generate(table), flags1, workdir, full=False)
+    rec["duplicate"] = _record(dup, name, flags1, trail=True)
+    if not res.errors:
+        return Outcome("exploration", name, False, rec, ["the exploration found no counterexample any more"])
     return Outcome("exploration", name, True, rec)
 
 
@@ -348,7 +411,7 @@ def _why_silent(table, event: str) -> str:
     """Events allowed to stay silent in the checked configurations, with the reason ('' = none)."""
     ev = table.events.get(event)
     if ev is not None and "fence_restore" in ev.effects:
-        return "declared only after a database restore: exercised by the restore exploration (-DRESTORES)"
+        return "declared only after a database restore: exercised by the restore configuration (-DRESTORES)"
     return ""
 
 
@@ -369,7 +432,7 @@ def _compare(kind: str, name: str, got: dict[str, Any], want: dict[str, Any] | N
 
 def build_manifest(outcomes: list[Outcome], tool_versions: dict[str, str], table, seconds: float) -> dict[str, Any]:
     b = promela.Bounds()
-    kinds = ("configuration", "coverage", "ablation", "broken", "exploration")
+    kinds = ("configuration", "coverage", "ablation", "partial", "broken", "exploration")
     by = {k: {o.name: o.record for o in outcomes if o.kind == k} for k in kinds}
     return {
         "generated_by": "python spec/modelcheck.py --write",
@@ -391,6 +454,7 @@ def build_manifest(outcomes: list[Outcome], tool_versions: dict[str, str], table
         "configurations": by["configuration"],
         "coverage": by["coverage"],
         "ablations": by["ablation"],
+        "partial_ablations": by["partial"],
         "not_caught": dict(NOT_CAUGHT),
         "broken": by["broken"],
         "explorations": by["exploration"],
@@ -408,6 +472,7 @@ def compare_manifest(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
         ("configurations", "configuration"),
         ("coverage", "coverage"),
         ("ablations", "ablation"),
+        ("partial_ablations", "partial"),
         ("broken", "broken"),
         ("explorations", "exploration"),
     ):
@@ -436,8 +501,10 @@ def plan(table, *, only: str | None = None, guards: Sequence[str] | None = None)
     if only in (None, "ablations"):
         for g in guards or list(table.guards):
             (long if g in NOT_CAUGHT else short).append(lambda wd, g=g: job_ablation(table, g, wd))
+        if not guards:
+            short += [lambda wd, n=n: job_partial_ablation(table, n, wd) for n in PARTIAL_ABLATIONS]
     if only in (None, "broken"):
-        long += [lambda wd, n=n: job_exploration(table, n, wd) for n in EXPLORATIONS]
+        short += [lambda wd, n=n: job_exploration(table, n, wd) for n in EXPLORATIONS]
         short.append(lambda wd: job_broken(table, wd))
     return long + short
 
@@ -482,8 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     outcomes = run_jobs(plan(table, only=only, guards=args.guard), args.workdir, args.jobs)
     seconds = time.monotonic() - t0
-    kinds = ("configuration", "coverage", "ablation", "broken", "exploration")
-    names = [*CONFIGURATIONS, *table.guards, *EXPLORATIONS]
+    kinds = ("configuration", "coverage", "ablation", "partial", "broken", "exploration")
+    names = [*CONFIGURATIONS, *table.guards, *PARTIAL_ABLATIONS, *EXPLORATIONS]
     outcomes.sort(key=lambda o: (kinds.index(o.kind), names.index(o.name) if o.name in names else 0))
 
     rc = 0

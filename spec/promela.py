@@ -165,7 +165,8 @@ GUARDS: Mapping[str, str] = MappingProxyType(
         "source_is_head": "{source_ok}",
         "text_window_clear": "txt_other == 0",
         "no_remote_object": "rid == 0",
-        "plan_unchanged": "(gen == {plan_gen} && rc == {plan_rc})",
+        "plan_unchanged": "(gen == {plan_gen} && rc == {plan_rc} && {plan_rep} == repoch)",
+        "absence_provable": "row_rep == repoch",
         "reconcile_budget_left": "rc < max_rc",
         "evidence_fenced": "{fenced}",
         "operator_identified": "{operator}",
@@ -209,7 +210,7 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
             fi;
             att_open = 0; lease = NONE; restore_unfenced = 0""",
         "count_reconcile": "rc++",
-        "bump_resend_epoch": "epoch++",
+        "bump_resend_epoch": "epoch++; rid = 0",
         "grant_attempt": """
             if
             :: max_attempts < attempt_count + 1 -> max_attempts = attempt_count + 1
@@ -238,6 +239,7 @@ OUTCOME_EVIDENCE: Mapping[str, str] = MappingProxyType(
         "crash.after_authorize": "sw_have",
         "lookup.found": "r_ev == FOUND",
         "lookup.not_found": "r_ev == NOT_FOUND",
+        "lookup.not_found_before_restore": "r_ev == NOT_FOUND",
         "lookup.not_found_fenced": "r_ev == NOT_FOUND",
         # any lookup may be unavailable, the budget may be spent, the descriptor may have drifted
         "lookup.unsupported": "pl_have",
@@ -269,6 +271,9 @@ ACTION_EVIDENCE: Mapping[str, str] = MappingProxyType(
 OUTCOME_CHECKS: Mapping[str, str] = MappingProxyType(
     {
         "lookup.not_found": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)",
+        "lookup.not_found_before_restore": (
+            "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)"
+        ),
         "retry.exhausted": "assert(!P7_budgets || g_begins >= g_cap)",
         **{
             o: ""
@@ -332,6 +337,7 @@ ACTOR_ARGS: Mapping[str, Mapping[str, str]] = MappingProxyType(
                 "human": "0",
                 "plan_gen": "pl_gen",
                 "plan_rc": "pl_rc",
+                "plan_rep": "pl_rep",
                 "fenced": "FENCED",
                 "rid": "r_rid",
             }
@@ -640,11 +646,15 @@ def generate(
     operator_alts = []
     for ev in by_actor.get("operator", []):
         evid = _evidence(t, ev, extra)
-        cond = "moves < OPERATOR_MOVES" + ("" if evid == "true" else f" && {evid}")
+        if "fence_restore" in ev.effects:
+            # the restore procedure (declared once after a restore), not one of the operator's free moves
+            cond, count = evid, "skip"
+        else:
+            cond = "moves < OPERATOR_MOVES" + ("" if evid == "true" else f" && {evid}")
+            count = "if :: ok -> moves++ :: else -> skip fi"
         for named in (1, 0):
             operator_alts.append(
-                f":: atomic {{ {cond} -> op_named = {named}; ev_{ev.name}(); "
-                "if :: ok -> moves++ :: else -> skip fi; op_named = 0; ok = 0 }"
+                f":: atomic {{ {cond} -> op_named = {named}; ev_{ev.name}(); {count}; op_named = 0; ok = 0 }}"
             )
 
     create_binding = _Binding("client", "creating event", {**ACTOR_ARGS["client"], "initial": t.initial})
@@ -797,7 +807,7 @@ inline sweeper_reset() {{
 }}
 
 inline plan_reset() {{
-  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rid = 0; pl_ep = 0; r_ev = 0; r_rid = 0
+  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rep = 0; pl_rid = 0; pl_ep = 0; r_ev = 0; r_rid = 0
 }}
 
 /* ================================================================ events (one per table row) */
@@ -859,11 +869,11 @@ end:
  * resend epoch), makes at most one lookup, then records what it found; its plan may be stale by
  * then. It claims `fenced` whenever the platform's lookup is fenced, whichever lookup it made. */
 proctype reconciler() {{
-  byte pl_gen, pl_rc, pl_rid, pl_ep, r_ev, r_rid;
+  byte pl_gen, pl_rc, pl_rep, pl_rid, pl_ep, r_ev, r_rid;
   bit pl_have, ok;
 end:
   do
-  :: atomic {{ !pl_have && state == {unknown} -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rid = rid; pl_ep = epoch }}
+  :: atomic {{ !pl_have && state == {unknown} -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rep = repoch; pl_rid = rid; pl_ep = epoch }}
   /* read back by remote id: never fenced; a landed object may not be visible yet */
   :: atomic {{ pl_have && r_ev == 0 && pl_rid != 0 ->
        if
@@ -940,7 +950,9 @@ proctype dba() {{
   atomic {{ {take_backup} printf("MSC: database: backup taken\\n") }};
 end_restore:
   atomic {{
+#ifndef RESTORE_ANYTIME
     !ANY_IN_GAP ->   /* opened only once every send lease issued before the restore has run out */
+#endif
     {do_restore}
     {clear_backup}
     repoch++; restored = 1; printf("MSC: database: restored from the backup\\n");

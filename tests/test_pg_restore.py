@@ -1,6 +1,7 @@
 """A real backup and restore on PostgreSQL (issue 6): pg_dump while a worker holds a lease, the
 worker sends, the database is restored (sequences back to the dump's values, as a restore does),
-the restore is declared; the old worker is refused before any byte and nothing is resent."""
+the restore is declared; the old worker is refused before any byte, a straggler past its send and a
+reconciler's plan from before the restore are refused, and nothing is resent (docs/formal.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import pytest
 import sqlalchemy as sa
 
-from atmostonce import Rejected
+from atmostonce import GuardRefused, Rejected
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper, wire_request
 from atmostonce_cli.main import main as cli
 from atmostonce_http import HttpTransport, PlatformSink, sink_config
@@ -38,6 +39,16 @@ def test_restore_fences_pre_restore_workers_and_resends_nothing(pg_databases, tm
                 queued = store.submit("acct", "post", "room", {"text": "queued before the backup"})
                 inflight = store.submit("acct", "post", "room", {"text": "in flight at the backup"})
                 lease = store.begin(inflight.key, lease_seconds=30)
+                # a straggler: authorized before the backup, it sends before the restore and records after
+                late = store.submit("acct", "post", "room", {"text": "a straggler past its send"})
+                late_lease = store.begin(late.key, lease_seconds=30)
+                store.authorize_dispatch(late_lease, request_digest=late.request_digest, send_lease_seconds=30)
+                # an unknown outcome the reconciler plans on before the restore
+                lost = store.submit("acct", "post", "room", {"text": "timed out before the backup"})
+                lost_lease = store.begin(lost.key, lease_seconds=30)
+                store.authorize_dispatch(lost_lease, request_digest=lost.request_digest)
+                transport.send(wire_request(store.get(lost.key)))  # it lands; the worker never hears
+                store.record_unknown(lost_lease, reason="read timeout")
                 _pg("pg_dump", *conn_args, "-Fc", "-f", str(dump), dsn.database)
 
                 # after the backup: the worker sends and the other intent is published too
@@ -46,7 +57,10 @@ def test_restore_fences_pre_restore_workers_and_resends_nothing(pg_databases, tm
                 store.record_success(lease, remote_id=sent.remote_id)
                 store.confirm_read_back(lease)
                 Dispatcher(store, transport, CONFIG).dispatch(queued.key)
-                assert sink.creates == 2
+                late_sent = transport.send(wire_request(store.get(late.key)))  # bytes out; not recorded yet
+                stale_plan = store.get(lost.key).plan  # planned before the restore
+                assert stale_plan.epoch == 1
+                assert sink.creates == 4
                 store.close()
 
                 # the disaster: restore the backup over the database (sequences come back as dumped)
@@ -54,21 +68,42 @@ def test_restore_fences_pre_restore_workers_and_resends_nothing(pg_databases, tm
                 store = open_store(url, migrate=False)
                 assert store.get(inflight.key).state == "pending"  # the restored row still shows the old lease
                 assert store.get(queued.key).state == "pending"
+                restored_late = store.get(late.key)
+                assert (restored_late.state, restored_late.attempt_token) == ("authorized", late_lease.attempt_token)
+                assert restored_late.generation == late_lease.generation  # (token, generation) alone would pass
 
-                # the restore protocol: declare it before any worker reconnects
+                # the restore protocol: declare it before any worker reconnects. Its first step advances
+                # the restore epoch; a straggler writing before its row is fenced meets the epoch fence
+                store._bump_epoch()
+                with pytest.raises(GuardRefused) as refused:
+                    store.record_success(late_lease, remote_id=late_sent.remote_id)
+                assert refused.value.guard == "restore_epoch_current"
+                assert store.get(late.key).remote_id is None
                 assert cli(["db", "declare-restore", "--operator", "ops", "--database-url", url]) == 0
                 with pytest.raises(Rejected):  # the worker from before the restore: refused before any byte
                     store.authorize_dispatch(lease, request_digest=inflight.request_digest)
-                assert sink.requests == 2
+                with pytest.raises(Rejected):  # the straggler again, after the fence
+                    store.record_success(late_lease, remote_id=late_sent.remote_id)
+                # the plan from before the restore is refused whatever it claims; a fresh plan cannot
+                # prove absence for an attempt begun before the restore
+                with pytest.raises(GuardRefused) as refused:
+                    store.reconcile_absent(stale_plan, fenced=True)
+                assert refused.value.guard == "plan_unchanged"
+                with pytest.raises(GuardRefused) as refused:
+                    store.reconcile_absent(store.get(lost.key).plan, fenced=True)
+                assert refused.value.guard == "absence_provable"
+                assert store.get(lost.key).state == "indeterminate"
+                assert sink.requests == 4
 
                 # settle: the platform is looked at, never resent blindly
                 Reconciler(store, transport, CONFIG).run()
                 Sweeper(store, CONFIG).retry_failed()
                 for key in store.claimable():
                     Dispatcher(store, transport, CONFIG).dispatch(key)
-                assert {store.get(k).state for k in (queued.key, inflight.key)} == {"published"}
-                assert sink.creates == 2 and sink.creates_by_key == {queued.key: 1, inflight.key: 1}
-                assert store.current_epoch() == 2
+                keys = (queued.key, inflight.key, late.key, lost.key)
+                assert {store.get(k).state for k in keys} == {"published"}  # each found on the platform
+                assert sink.creates == 4 and sink.creates_by_key == dict.fromkeys(keys, 1)  # nothing resent
+                assert store.current_epoch() == 3  # the straggler step above advanced it once more
     finally:
         store.close()
         pg_databases.drop(url)

@@ -125,13 +125,22 @@ def test_declared_restore_fences_old_leases_and_resends_nothing(any_store, platf
     assert epoch == 2 and fenced == 4
     with pytest.raises(Rejected):  # the worker from before the restore sends nothing
         s.authorize_dispatch(lease, request_digest=begun.request_digest)
-    assert {s.get(k).state for k in (queued.key, begun.key, inflight.key, failed.key)} == {"indeterminate"}
-    # reconciliation decides: the fenced lookup proves absence, then the retry sends exactly once
-    Reconciler(s, transport, CONFIG).run()
+    keys = (queued.key, begun.key, inflight.key, failed.key)
+    assert {s.get(k).state for k in keys} == {"indeterminate"}
+    # a fenced lookup proves nothing for an attempt begun before the restore (its key may have been
+    # rewound): the machine never resends; the budget runs out and a person decides
+    for _ in range(3):
+        assert set(Reconciler(s, transport, CONFIG).run()) == {"lookup.not_found_before_restore"}
+    assert Reconciler(s, transport, CONFIG).run() == {"reconcile.budget_spent": 4}
+    Sweeper(s, CONFIG).retry_failed()
+    assert s.claimable() == [] and sink.requests == 0
+    assert {s.get(k).state for k in keys} == {"parked"}
+    for k in keys:  # the person establishes nothing was sent: each is sent exactly once
+        s.resolve_not_sent(k, operator="ops")
     Sweeper(s, CONFIG).retry_failed()
     for key in s.claimable():
         Dispatcher(s, transport, CONFIG).dispatch(key)
-    assert sink.creates_by_key == {queued.key: 1, begun.key: 1, inflight.key: 1, failed.key: 1}
+    assert sink.creates_by_key == dict.fromkeys(keys, 1)
 
 
 def test_restore_epoch_guard_refuses_a_lease_from_an_older_epoch(any_store):
@@ -143,6 +152,63 @@ def test_restore_epoch_guard_refuses_a_lease_from_an_older_epoch(any_store):
         s.authorize_dispatch(lease, request_digest=it.request_digest)
     assert e.value.guard == "restore_epoch_current"
     assert s.refusals(it.key)[0].current["epoch"] == lease.epoch + 1
+
+
+COMPLETING = {
+    # every write a lease holder makes after begin, with a state it may make it in
+    "block_at_gate": ("pending", lambda s, le: s.block_at_gate(le, reason="gate.blocked:x")),
+    "record_success": ("authorized", lambda s, le: s.record_success(le, remote_id="r-late")),
+    "record_not_sent": ("authorized", lambda s, le: s.record_not_sent(le, reason="refused")),
+    "record_unknown": ("authorized", lambda s, le: s.record_unknown(le, reason="timeout")),
+    "confirm_read_back": ("success", lambda s, le: s.confirm_read_back(le)),
+    "read_back_failed": ("success", lambda s, le: s.read_back_failed(le, reason="read_back.not_found")),
+}
+
+
+@pytest.mark.parametrize("event", sorted(COMPLETING))
+def test_a_straggler_completing_write_after_a_restore_is_refused(any_store, event):
+    """Fencing on (epoch, generation): the restored row still shows the straggler's token and
+    generation, but its lease is of an older restore epoch (issue 6; docs/formal.md, F3)."""
+    s = any_store.store
+    where, write = COMPLETING[event]
+    it = submit(s, text=event)
+    lease = s.begin(it.key)
+    if where != "pending":
+        s.authorize_dispatch(lease, request_digest=it.request_digest)
+    if where == "success":
+        s.record_success(lease, remote_id="r-1")
+    before = s.get(it.key)
+    s._bump_epoch()  # declare-restore has advanced the epoch and not fenced this row yet
+    with pytest.raises(GuardRefused) as e:
+        write(s, lease)
+    assert e.value.guard == "restore_epoch_current"
+    after = s.get(it.key)
+    assert (after.state, after.attempt_token, after.remote_id) == (before.state, before.attempt_token, before.remote_id)
+    assert s.refusals(it.key)[-1].guard == "restore_epoch_current"
+
+
+def test_a_plan_taken_before_a_restore_is_refused_after_it(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate", text="planned")
+    stale = s.get(it.key).plan
+    assert stale.epoch == s.current_epoch() == 1
+    s.declare_restore(operator="ops")
+    for move in (
+        lambda p: s.reconcile_absent(p, fenced=True),
+        lambda p: s.reconcile_found(p, remote_id="r-x"),
+        lambda p: s.reconcile_not_found(p),
+        lambda p: s.park_unreconcilable(p, reason="lookup.unsupported"),
+    ):
+        with pytest.raises(GuardRefused) as e:
+            move(stale)
+        assert e.value.guard == "plan_unchanged"
+    assert s.refusals(it.key)[-1].presented["plan_epoch"] == 1
+    fresh = s.get(it.key).plan
+    assert fresh.epoch == 2
+    with pytest.raises(GuardRefused) as e:  # a fresh plan cannot prove absence either
+        s.reconcile_absent(fresh, fenced=True)
+    assert e.value.guard == "absence_provable"
+    assert s.reconcile_found(fresh, remote_id="r-x").state == "published"
 
 
 # ------------------------------------------------------------------ duplicate-text window

@@ -228,6 +228,19 @@ def test_resend_bumps_the_resend_epoch_and_grants_one_attempt(any_store):
     s.begin(it.key)
 
 
+def test_resend_forgets_the_remote_id_of_the_earlier_epoch(any_store):
+    """A remote id names an object of the resend epoch it was sent under; after a resend a
+    read-back by it would prove nothing about the new epoch (docs/formal.md, restores)."""
+    s = any_store.store
+    it, lease = to_state(s, "authorized", max_attempts=1)
+    s.record_success(lease, remote_id="r-old")
+    s.read_back_failed(lease, reason="read_back.not_found")
+    s.park(it.key, operator="alice")
+    assert s.get(it.key).remote_id == "r-old"
+    again = s.resend(it.key, operator="alice")
+    assert (again.resend_epoch, again.remote_id) == (1, None)
+
+
 def test_cannot_park_while_a_send_lease_is_live(any_store):
     s = any_store.store
     it, _ = to_state(s, "authorized")

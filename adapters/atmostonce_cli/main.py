@@ -492,7 +492,12 @@ def build_parser() -> argparse.ArgumentParser:
     dbp = sub.add_parser("db", help="database administration").add_subparsers(dest="sub", required=True)
     up = db(dbp.add_parser("upgrade", help="apply migrations"))
     up.set_defaults(func=cmd_db_upgrade)
-    dr = db(dbp.add_parser("declare-restore", help="after restoring a backup: fence old leases, settle open work"))
+    dr = db(
+        dbp.add_parser(
+            "declare-restore",
+            help="after restoring a backup (old send leases run out, nothing reconnected yet): fence old leases and plans",
+        )
+    )
     dr.add_argument("--operator", required=True)
     dr.set_defaults(func=cmd_declare_restore)
 

@@ -31,6 +31,7 @@ PARAMS = {
     "request_digest": sa.Text(),
     "plan_generation": sa.BigInteger(),
     "plan_reconcile_count": sa.Integer(),
+    "plan_epoch": sa.BigInteger(),
     "fenced": sa.Boolean(),
     "operator": sa.Text(),
     "epoch": sa.BigInteger(),
@@ -78,9 +79,12 @@ def remote_id_known(c, now):
     return c.remote_id.is_not(None)
 
 
+def _current_epoch():
+    return sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery()
+
+
 def restore_epoch_current(c, now):
-    current = sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery()
-    return sa.and_(c.epoch == p("epoch"), p("epoch") == current)
+    return sa.and_(c.epoch == p("epoch"), p("epoch") == _current_epoch())
 
 
 def kill_switch_off(c, now):
@@ -123,7 +127,12 @@ def plan_unchanged(c, now):
     return sa.and_(
         c.generation.is_not_distinct_from(p("plan_generation")),
         c.reconcile_count == p("plan_reconcile_count"),
+        p("plan_epoch") == _current_epoch(),
     )
+
+
+def absence_provable(c, now):
+    return c.epoch == _current_epoch()
 
 
 def reconcile_budget_left(c, now):
@@ -157,6 +166,7 @@ SQL_GUARDS: dict[str, SqlGuard] = {
         source_is_head,
         no_remote_object,
         plan_unchanged,
+        absence_provable,
         reconcile_budget_left,
         evidence_fenced,
         operator_identified,

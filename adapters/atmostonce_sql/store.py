@@ -75,6 +75,12 @@ __all__ = ["SqlStore"]
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
 
 
+def _store_epoch() -> sa.Label:
+    """The database's restore epoch, read in the same statement as the intent row (``Intent.store_epoch``:
+    a plan made from the snapshot carries it, so a restore voids every plan made before it)."""
+    return sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery().label("store_epoch")
+
+
 def db_now(dialect: str) -> sa.ColumnElement:
     """The database clock in float seconds since the epoch."""
     if dialect == "postgresql":
@@ -196,9 +202,14 @@ class SqlStore(SqlClaims, Operations):
             "created_at": self._now,
             "updated_at": self._now,
         }
-        ins = insert(intents).values(**values).on_conflict_do_nothing(index_elements=["key"]).returning(*intents.c)
+        ins = (
+            insert(intents)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(*intents.c, _store_epoch())
+        )
         creator = next(e for e in self.table.events.values() if e.creates)
-        existing = sa.select(intents).where(c.key == sa.bindparam("p_key"))
+        existing = sa.select(intents, _store_epoch()).where(c.key == sa.bindparam("p_key"))
         if self.dialect == "postgresql":  # insert and history in one statement, one round trip
             new = ins.cte("u")
             out = {"one": sa.select(*new.c).add_cte(self._history_insert(creator, new, opens=False).cte("h"))}
@@ -212,7 +223,11 @@ class SqlStore(SqlClaims, Operations):
     def _create(self, sub: Submission) -> tuple[Intent, bool]:
         if sub.earlier_keys:  # the same delivery keyed by an older normalizer: found, never duplicated
             with self._tx() as conn:
-                row = conn.execute(sa.select(intents).where(intents.c.key.in_(sub.earlier_keys))).mappings().first()
+                row = (
+                    conn.execute(sa.select(intents, _store_epoch()).where(intents.c.key.in_(sub.earlier_keys)))
+                    .mappings()
+                    .first()
+                )
             if row is not None:
                 return self._intent(row), False
         stmts = self._creation_statements()
@@ -278,7 +293,7 @@ class SqlStore(SqlClaims, Operations):
         }
         for eff in ev.effects:
             values.update(self._effect_values(eff))
-        update = sa.update(intents).where(*where).values(**values).returning(*intents.c)
+        update = sa.update(intents).where(*where).values(**values).returning(*intents.c, _store_epoch())
         diagnose = sa.select(
             c.state,
             *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)],
@@ -490,7 +505,7 @@ class SqlStore(SqlClaims, Operations):
         if eff == "count_reconcile":
             return {"reconcile_count": c.reconcile_count + 1}
         if eff == "bump_resend_epoch":
-            return {"resend_epoch": c.resend_epoch + 1}
+            return {"resend_epoch": c.resend_epoch + 1, "remote_id": None}
         if eff == "grant_attempt":
             return {
                 "max_attempts": sa.case((c.max_attempts > c.attempt_count, c.max_attempts), else_=c.attempt_count + 1)
@@ -635,7 +650,7 @@ class SqlStore(SqlClaims, Operations):
     def find(self, key: str) -> Intent | None:
         check_text("key", key, max_chars=256)
         with self._tx() as conn:
-            row = conn.execute(sa.select(intents).where(intents.c.key == key)).mappings().first()
+            row = conn.execute(sa.select(intents, _store_epoch()).where(intents.c.key == key)).mappings().first()
             return None if row is None else self._intent(row)
 
     def get(self, key: str) -> Intent:
@@ -646,7 +661,7 @@ class SqlStore(SqlClaims, Operations):
 
     def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
         check_limit(limit)
-        q = sa.select(intents).order_by(intents.c.created_at, intents.c.key).limit(limit)
+        q = sa.select(intents, _store_epoch()).order_by(intents.c.created_at, intents.c.key).limit(limit)
         if state is not None:
             q = q.where(intents.c.state == state)
         with self._tx() as conn:
@@ -717,7 +732,7 @@ class SqlStore(SqlClaims, Operations):
     def due_leases(self, limit: int = 100) -> list[Intent]:
         """Intents whose lease expired by the database clock (uses the partial index ``aom_intents_lease_due``)."""
         q = (
-            sa.select(intents)
+            sa.select(intents, _store_epoch())
             .where(intents.c.lease_expires_at.is_not(None), intents.c.lease_expires_at <= self._now)
             .order_by(intents.c.lease_expires_at)
             .limit(limit)

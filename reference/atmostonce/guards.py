@@ -108,9 +108,15 @@ def no_remote_object(row, args, now, world) -> bool:
 
 
 def plan_unchanged(row, args, now, world) -> bool:
-    return row["generation"] == args.get("plan_generation") and row["reconcile_count"] == args.get(
-        "plan_reconcile_count"
+    return (
+        row["generation"] == args.get("plan_generation")
+        and row["reconcile_count"] == args.get("plan_reconcile_count")
+        and args.get("plan_epoch") == world.epoch
     )
+
+
+def absence_provable(row, args, now, world) -> bool:
+    return row["epoch"] is not None and row["epoch"] == world.epoch
 
 
 def reconcile_budget_left(row, args, now, world) -> bool:
@@ -145,6 +151,7 @@ GUARDS: dict[str, GuardFn] = {
         source_is_head,
         no_remote_object,
         plan_unchanged,
+        absence_provable,
         reconcile_budget_left,
         evidence_fenced,
         operator_identified,

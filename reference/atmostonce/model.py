@@ -275,6 +275,7 @@ class MemoryStore(MemoryClaims, Operations):
 
     def _eff_bump_resend_epoch(self, row, args, now, event, appends):
         row["resend_epoch"] += 1
+        row["remote_id"] = None
 
     def _eff_grant_attempt(self, row, args, now, event, appends):
         row["max_attempts"] = max(row["max_attempts"], row["attempt_count"] + 1)
@@ -355,10 +356,11 @@ class MemoryStore(MemoryClaims, Operations):
             return self.epoch
 
     # -- reads ----------------------------------------------------------------------------
-    @staticmethod
-    def _intent(row: Mapping[str, Any]) -> Intent:
-        """A snapshot the caller may change freely: nested values are copied."""
-        return Intent(**{k: copy.deepcopy(row[k]) for k in Intent.__dataclass_fields__})
+    def _intent(self, row: Mapping[str, Any]) -> Intent:
+        """A snapshot the caller may change freely: nested values are copied; it carries the store's
+        restore epoch at the moment it was read."""
+        fields = {k: copy.deepcopy(row[k]) for k in Intent.__dataclass_fields__ if k != "store_epoch"}
+        return Intent(**fields, store_epoch=self.epoch)
 
     def get(self, key: str) -> Intent:
         it = self.find(key)

@@ -83,11 +83,14 @@ class Intent:
     source_id: str | None = None
     source_version: str | None = None
     requires_approval: bool = False
+    store_epoch: int | None = None
+    """The database's restore epoch when this snapshot was read (``epoch`` is the row's: the epoch
+    its latest attempt was begun under)."""
 
     @property
     def plan(self) -> Plan:
         """What a maintenance pass planned on (the ``plan_unchanged`` guard compares it)."""
-        return Plan(self.key, self.generation, self.reconcile_count)
+        return Plan(self.key, self.generation, self.reconcile_count, self.store_epoch)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class Plan:
     key: DeliveryKey
     generation: int | None
     reconcile_count: int
+    epoch: int | None = None
+    """The restore epoch the snapshot was read under: a restore voids every plan made before it."""
 
 
 @dataclass(frozen=True)

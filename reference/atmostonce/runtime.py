@@ -316,8 +316,16 @@ class Reconciler:
             return "lookup.unsupported"
         assert isinstance(res, NotFound), res
         if caps.fenced_lookup:
-            self.store.reconcile_absent(plan, fenced=True)
-            return "lookup.not_found_fenced"
+            try:
+                self.store.reconcile_absent(plan, fenced=True)
+                return "lookup.not_found_fenced"
+            except GuardRefused as exc:
+                if exc.guard != "absence_provable":
+                    raise
+            # the attempt was begun before a restore: its key may have been rewound, so this
+            # not-found proves nothing (it counts against the budget; exhaustion parks for a human)
+            self.store.reconcile_not_found(plan)
+            return "lookup.not_found_before_restore"
         self.store.reconcile_not_found(plan)
         return "lookup.not_found"
 

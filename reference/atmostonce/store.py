@@ -60,7 +60,7 @@ def retraction_of(intent_or_body: Any) -> dict[str, Any] | None:
 
 FENCING_GUARDS = ("lease_holder", "restore_epoch_current", "plan_unchanged")
 """Guards whose refusals are recorded: they catch a worker or maintenance pass acting on a stale view."""
-_PRESENTED = ("attempt_token", "generation", "epoch", "plan_generation", "plan_reconcile_count")
+_PRESENTED = ("attempt_token", "generation", "epoch", "plan_generation", "plan_reconcile_count", "plan_epoch")
 
 
 def _need_text(name: str, v: Any) -> str:
@@ -95,6 +95,7 @@ def _plan_args(plan: Plan) -> dict[str, Any]:
     return {
         "plan_generation": _int("plan generation", plan.generation, optional=True),
         "plan_reconcile_count": _int("plan reconcile count", plan.reconcile_count),
+        "plan_epoch": _int("plan epoch", plan.epoch, optional=True),
     }
 
 

@@ -34,7 +34,12 @@ def intent_json(it: Intent) -> dict[str, Any]:
     out = {name: getattr(it, name) for name in Intent.__dataclass_fields__}
     out["request"] = dict(it.request)
     out["descriptor"] = None if it.descriptor is None else dict(it.descriptor)
-    out["plan"] = {"key": it.key, "generation": it.generation, "reconcile_count": it.reconcile_count}
+    out["plan"] = {
+        "key": it.key,
+        "generation": it.generation,
+        "reconcile_count": it.reconcile_count,
+        "epoch": it.store_epoch,
+    }
     return out
 
 
@@ -45,7 +50,7 @@ def lease(a: dict[str, Any]) -> Lease:
 
 def plan(a: dict[str, Any]) -> Plan:
     d = a["plan"]
-    return Plan(d["key"], d["generation"], d["reconcile_count"])
+    return Plan(d["key"], d["generation"], d["reconcile_count"], d.get("epoch"))
 
 
 def snapshot(a: dict[str, Any]) -> Intent:

@@ -21,7 +21,7 @@ With no store factory the machine checks the model alone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -113,6 +113,8 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             # key -> (model lease, store lease) for the live worker; stale ones kept for replay
             self.live: dict[str, tuple[Lease, Lease | None]] = {}
             self.stale: list[tuple[Lease, Lease | None]] = []
+            # plans taken before the last declared restore (model plan, store plan)
+            self.pre_restore_plans: list[tuple[Any, Any]] = []
             self.history_len: dict[str, int] = {}
             self.attempt_len: dict[str, int] = {}
 
@@ -273,9 +275,12 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 "unknown": lambda st_, lease: st_.record_unknown(lease, reason="stale"),
             }
             pair = data.draw(st.sampled_from(self.stale))
-            current = self.model.get(pair[0].key).attempt_token == pair[0].attempt_token
+            current = (
+                self.model.get(pair[0].key).attempt_token == pair[0].attempt_token
+                and pair[0].epoch == self.model.current_epoch()
+            )
             m, _ = self.both(lambda st_, i: ops[what](st_, pair[i]))
-            assert current or m[0] != "ok", "a superseded worker's write was accepted"
+            assert current or m[0] != "ok", "a superseded worker's write was accepted (fenced on epoch and generation)"
 
         @precondition(lambda self: self.live)
         @rule(data=st.data())
@@ -322,13 +327,17 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @rule(
             data=st.data(),
             how=st.sampled_from(["found", "not_found", "not_found", "absent", "unfenced_absent", "park"]),
-            stale_plan=st.sampled_from([False, False, False, True]),
+            stale_plan=st.sampled_from([False, False, False, True, "before_restore"]),
         )
         def reconciler(self, data, how, stale_plan):
             key = self.pick(data, "unknown")
             plans = [self.model.get(key).plan, None if self.store is None else self.store.get(key).plan]
-            if stale_plan:  # a second reconciler that planned before the first one wrote
-                plans = [p if p is None else type(p)(p.key, p.generation, p.reconcile_count - 1) for p in plans]
+            if stale_plan == "before_restore":  # a reconciler that planned before the last restore
+                if not self.pre_restore_plans:
+                    return
+                plans = list(data.draw(st.sampled_from(self.pre_restore_plans)))
+            elif stale_plan:  # a second reconciler that planned before the first one wrote
+                plans = [p if p is None else replace(p, reconcile_count=p.reconcile_count - 1) for p in plans]
             ops = {
                 "found": lambda st_, p: st_.reconcile_found(p, remote_id="r-found"),
                 "not_found": lambda st_, p: st_.reconcile_not_found(p),
@@ -379,6 +388,9 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @precondition(lambda self: self.keys)
         @rule()
         def declare_restore(self):
+            self.pre_restore_plans = [
+                (self.model.get(k).plan, None if self.store is None else self.store.get(k).plan) for k in self.keys
+            ]
             (m, mv), s = self.both(lambda st_, i: st_.declare_restore(operator="ops"))
             assert m == "ok"
             if s is not None:
