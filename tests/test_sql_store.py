@@ -27,7 +27,7 @@ def test_migrations_are_recorded_and_idempotent(sql_store):
     from atmostonce_sql.migrate import current_revision
 
     upgrade(sql_store.engine)  # a second run changes nothing
-    assert current_revision(sql_store.engine) == "0001"
+    assert current_revision(sql_store.engine) == "0002"
 
 
 @pytest.mark.parametrize("table", APPEND_ONLY_TABLES)

@@ -280,6 +280,24 @@ def cmd_declare_restore(args) -> int:
     return EXIT_OK
 
 
+def cmd_audit_verify(args) -> int:
+    from atmostonce.audit import verify_store
+
+    store = _store(args)
+    keys = None if args.key is None else [_resolve_key(store, args.key)]
+    report = verify_store(store, keys)
+    if report.intact:
+        text = f"audit: {report.intents} intents, {report.rows} history rows, every chain intact"
+    else:
+        lines = [
+            f"{b.key}  first break at seq {b.seq if b.seq is not None else '(after the last row)'}: {b.message}"
+            for b in report.breaks
+        ]
+        text = "\n".join([f"audit: {len(report.breaks)} of {report.intents} chains broken", *lines])
+    _emit(args, report.as_dict(), text)
+    return EXIT_OK if report.intact else EXIT_REFUSED
+
+
 def cmd_kill_switch(args) -> int:
     store = _store(args)
     scope = "global" if args.scope == "global" else f"account:{args.scope}"
@@ -389,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr = db(dbp.add_parser("declare-restore", help="after restoring a backup: fence old leases, settle open work"))
     dr.add_argument("--operator", required=True)
     dr.set_defaults(func=cmd_declare_restore)
+
+    au = sub.add_parser("audit", help="the tamper-evident history").add_subparsers(dest="sub", required=True)
+    av = db(au.add_parser("verify", help="walk every intent's hash chain; report the first break of each"))
+    av.add_argument("--key", help="verify only this intent (full key or a unique prefix)")
+    av.set_defaults(func=cmd_audit_verify)
 
     pol = sub.add_parser("policy", help="the policy layer every path reads").add_subparsers(dest="sub", required=True)
     ks = db(pol.add_parser("kill-switch", help="engage or release a kill switch"))

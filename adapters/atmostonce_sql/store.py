@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from atmostonce.audit import HISTORY_FIELDS, AuditChain, AuditRow, field_texts, history_hash
 from atmostonce.errors import (
     AppendOnlyViolation,
     GuardRefused,
@@ -67,7 +68,12 @@ from .schema import (
     text_claims,
 )
 
-__all__ = ["SqlStore"]
+__all__ = ["SqlStore", "register_sqlite_functions"]
+
+
+def register_sqlite_functions(dbapi_conn: Any) -> None:
+    """Give a SQLite connection the audit chain's hash (``aom_chain_hash``), defined in Python once."""
+    dbapi_conn.create_function("aom_chain_hash", 11, history_hash, deterministic=True)
 
 
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
@@ -104,6 +110,8 @@ class SqlStore(Operations):
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._now = db_now(self.dialect)
+        if self.dialect == "sqlite":  # engines made elsewhere than make_engine get the audit function too
+            sa.event.listen(engine, "connect", lambda dbapi_conn, _record: register_sqlite_functions(dbapi_conn))
         if self.dialect == "postgresql":  # a pool of connections that stay in autocommit: no toggling per checkout
             size = engine.pool.size() if hasattr(engine.pool, "size") else 5
             self._autocommit = sa.create_engine(
@@ -190,6 +198,7 @@ class SqlStore(Operations):
             "attempt_count": 0,
             "reconcile_count": 0,
             "resend_epoch": 0,
+            "history_count": 1,
             "created_at": self._now,
             "updated_at": self._now,
         }
@@ -268,6 +277,7 @@ class SqlStore(Operations):
             "prev_state": c.state,
             "prev_attempt_token": c.attempt_token,
             "updated_at": self._now,
+            "history_count": c.history_count + 1,
         }
         for eff in ev.effects:
             values.update(self._effect_values(eff))
@@ -407,26 +417,56 @@ class SqlStore(Operations):
         out.append(self._history_insert(ev, src, opens))
         return out
 
+    _HISTORY_COLUMNS = (
+        "key",
+        "event",
+        "actor",
+        "from_state",
+        "to_state",
+        "attempt_token",
+        "generation",
+        "detail",
+        "recorded_at",
+    )
+
     def _history_insert(self, ev, src, opens: bool) -> sa.Insert:
+        """The history row of a move. PostgreSQL's trigger (migration 0002) chains it; on SQLite the
+        statement assigns the sequence itself and chains the row through ``aom_chain_hash`` (the
+        writer lock is held, so the newest row read here is the chain's head)."""
         u = src.c
         if opens or ev.creates:
             token, gen = u.attempt_token, u.generation
         else:
             token = u.prev_attempt_token
             gen = sa.func.coalesce(sa.bindparam("p_generation", type_=sa.BigInteger), u.generation)
+        values = (
+            u.key,
+            sa.literal(ev.name, sa.Text),
+            sa.bindparam("p_actor", type_=sa.Text),
+            sa.null() if ev.creates else u.prev_state,
+            u.state,
+            token,
+            gen,
+            sa.bindparam("p_detail", type_=history.c.detail.type),
+            self._now,
+        )
+        names = list(self._HISTORY_COLUMNS)
+        if self.dialect == "postgresql":
+            return sa.insert(history).from_select(names, sa.select(*values)).returning(history.c.seq)
+        h = history.c
+        next_seq = sa.literal_column(
+            "max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'aom_history'), 0), "
+            "coalesce((SELECT max(seq) FROM aom_history), 0)) + 1",
+            sa.Integer,
+        )
+        prev = sa.select(h.row_hash).where(h.key == u.key).order_by(h.seq.desc()).limit(1).scalar_subquery()
+        v = sa.select(
+            next_seq.label("seq"), *[x.label(n) for n, x in zip(names, values, strict=True)], prev.label("prev_hash")
+        ).subquery("v")
+        row_hash = sa.func.aom_chain_hash(v.c.prev_hash, *[v.c[f] for f in HISTORY_FIELDS], type_=sa.Text)
         return sa.insert(history).from_select(
-            ["key", "event", "actor", "from_state", "to_state", "attempt_token", "generation", "detail", "recorded_at"],
-            sa.select(
-                u.key,
-                sa.literal(ev.name, sa.Text),
-                sa.bindparam("p_actor", type_=sa.Text),
-                sa.null() if ev.creates else u.prev_state,
-                u.state,
-                token,
-                gen,
-                sa.bindparam("p_detail", type_=history.c.detail.type),
-                self._now,
-            ),
+            ["seq", *names, "prev_hash", "row_hash"],
+            sa.select(v.c.seq, *[v.c[n] for n in names], v.c.prev_hash, row_hash),
         )
 
     def _effect_values(self, eff: str) -> dict[str, Any]:
@@ -640,6 +680,30 @@ class SqlStore(Operations):
                 )
                 for r in conn.execute(q).mappings()
             ]
+
+    def audit_keys(self) -> list[str]:
+        """Every intent's key, oldest first (what ``audit verify`` walks)."""
+        with self._tx() as conn:
+            return list(conn.execute(sa.select(intents.c.key).order_by(intents.c.created_at, intents.c.key)).scalars())
+
+    def audit_chain(self, key: str) -> AuditChain:
+        """The intent's history rows as the chain hashed them: ``detail`` as this dialect's own JSON text
+        (``jsonb::text`` on PostgreSQL, the stored text on SQLite), times as the stored doubles."""
+        h = history.c
+        detail = sa.cast(h.detail, sa.Text) if self.dialect == "postgresql" else sa.type_coerce(h.detail, sa.Text)
+        cols = [h[f] for f in HISTORY_FIELDS if f != "detail"]
+        q = sa.select(*cols, detail.label("detail"), h.prev_hash, h.row_hash).where(h.key == key).order_by(h.seq)
+        with self._tx() as conn:
+            count = conn.execute(sa.select(intents.c.history_count).where(intents.c.key == key)).scalar_one_or_none()
+            rows = conn.execute(q).mappings().all()
+        return AuditChain(
+            key,
+            tuple(
+                AuditRow(r["seq"], field_texts(*(r[f] for f in HISTORY_FIELDS)), r["prev_hash"], r["row_hash"])
+                for r in rows
+            ),
+            count,
+        )
 
     def attempts(self, key: str) -> list[Attempt]:
         with self._tx() as conn:

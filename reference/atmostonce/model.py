@@ -22,6 +22,7 @@ from typing import Any
 
 from transitions import Machine
 
+from .audit import AuditChain, AuditRow, field_texts, history_hash, model_detail_text
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
@@ -110,6 +111,9 @@ class MemoryStore(Operations):
             self._attempts: list[dict[str, Any]] = []
             self._attempt_outcomes: list[tuple[int, str, str]] = []
             self._history: list[HistoryEntry] = []
+            self._chain: dict[int, tuple[str | None, str]] = {}  # seq -> (prev_hash, row_hash)
+            self._heads: dict[str, str] = {}  # key -> newest row_hash
+            self._history_count: dict[str, int] = {}
             self._reconciliations: list[Reconciliation] = []
             self._generation = itertools.count(1)
             self._seq = itertools.count(1)
@@ -167,7 +171,7 @@ class MemoryStore(Operations):
             self._rows[sub.key] = row
             self._cells[sub.key] = cell
             creator = next(e for e in self.table.events.values() if e.creates)
-            self._history.append(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
+            self._append_history(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
             return self._intent(row), True
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
@@ -204,7 +208,7 @@ class MemoryStore(Operations):
             self._rows[key] = new
             for target, item in appends:
                 target.append(item)
-            self._history.append(entry)
+            self._append_history(entry)
             return self._intent(new)
 
     # -- effects (names from the table's effect catalogue) --------------------------------
@@ -278,6 +282,54 @@ class MemoryStore(Operations):
     def _history_entry(self, key, event, actor, from_state, row, args, now, token=None, gen=None) -> HistoryEntry:
         detail = copy.deepcopy({k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")})
         return HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
+
+    def _append_history(self, h: HistoryEntry) -> None:
+        """Append a history row and chain it to the intent's newest one (``atmostonce.audit``)."""
+        prev = self._heads.get(h.key)
+        digest = history_hash(
+            prev,
+            h.seq,
+            h.key,
+            h.event,
+            h.actor,
+            h.from_state,
+            h.to_state,
+            h.attempt_token,
+            h.generation,
+            model_detail_text(h.detail),
+            h.recorded_at,
+        )
+        self._history.append(h)
+        self._chain[h.seq] = (prev, digest)
+        self._heads[h.key] = digest
+        self._history_count[h.key] = self._history_count.get(h.key, 0) + 1
+
+    def audit_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._rows)
+
+    def audit_chain(self, key: str) -> AuditChain:
+        """The intent's history rows with their hashes, fields in the model's text forms."""
+        with self._lock:
+            rows = []
+            for h in self._history:
+                if h.key != key:
+                    continue
+                prev, digest = self._chain.get(h.seq, (None, None))
+                texts = field_texts(
+                    h.seq,
+                    h.key,
+                    h.event,
+                    h.actor,
+                    h.from_state,
+                    h.to_state,
+                    h.attempt_token,
+                    h.generation,
+                    model_detail_text(h.detail),
+                    h.recorded_at,
+                )
+                rows.append(AuditRow(h.seq, texts, prev, digest))
+            return AuditChain(key, tuple(rows), self._history_count.get(key))
 
     @staticmethod
     def _copy_entry(h: HistoryEntry) -> HistoryEntry:
