@@ -269,6 +269,19 @@ def cmd_db_upgrade(args) -> int:
     return EXIT_OK
 
 
+def cmd_grant_app_role(args) -> int:
+    from atmostonce_sql import grant_app_role, open_store
+
+    store = open_store(args.database_url if args.database_url is not None else DEFAULT_URL, migrate=False)
+    try:
+        granted = grant_app_role(store.engine, args.role)
+    finally:
+        store.close()
+    lines = [f"{t}: {', '.join(p)}" for t, p in granted.items()]
+    _emit(args, {"role": args.role, "tables": granted}, "\n".join([f"granted to {args.role}:", *lines]))
+    return EXIT_OK
+
+
 def cmd_declare_restore(args) -> int:
     store = _store(args)
     epoch, fenced = store.declare_restore(operator=args.operator)
@@ -404,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     dbp = sub.add_parser("db", help="database administration").add_subparsers(dest="sub", required=True)
     up = db(dbp.add_parser("upgrade", help="apply migrations"))
     up.set_defaults(func=cmd_db_upgrade)
+    gr = db(dbp.add_parser("grant-app-role", help="PostgreSQL: give the application's role what the store needs"))
+    gr.add_argument("role", help="an existing role; INSERT and SELECT only on append-only tables")
+    gr.set_defaults(func=cmd_grant_app_role)
     dr = db(dbp.add_parser("declare-restore", help="after restoring a backup: fence old leases, settle open work"))
     dr.add_argument("--operator", required=True)
     dr.set_defaults(func=cmd_declare_restore)

@@ -14,9 +14,10 @@ from sqlalchemy.engine import Engine
 from atmostonce.errors import StoreError
 
 from .migrate import upgrade
+from .roles import grant_app_role
 from .store import SqlStore, register_sqlite_functions
 
-__all__ = ["SqlStore", "make_engine", "open_store", "upgrade"]
+__all__ = ["SqlStore", "grant_app_role", "make_engine", "open_store", "upgrade"]
 
 
 def normalize_url(url: str) -> str:
