@@ -294,7 +294,11 @@ def test_migration_0002_chains_rows_written_before_it(request, dialect, tmp_path
         report = verify_store(store)
         assert report.intact and report.rows == 5 and report.intents == 2
         assert store.audit_chain("k-old-1").recorded_rows == 4
-        # RECONCILIATION-BACKFILL
+        # the indeterminate intent's unknown send has its opening reconciliation record
+        [rec] = store.reconciliations("k-old-1")
+        assert (rec.result, rec.event) == ("unknown", "record_unknown")
+        assert rec.send_seq == store.history("k-old-1")[-1].seq
+        assert store.reconciliations("k-old-2") == []
         # and the store chains on from the migrated head
         store.park("k-old-1", operator="alice")
         assert verify_store(store).intact

@@ -24,7 +24,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from atmostonce.audit import HISTORY_FIELDS, AuditChain, AuditRow, field_texts, history_hash
+from atmostonce.audit import (
+    HISTORY_FIELDS,
+    AuditChain,
+    AuditRow,
+    field_texts,
+    history_hash,
+    reconciliation_step,
+)
 from atmostonce.errors import (
     AppendOnlyViolation,
     GuardRefused,
@@ -251,7 +258,6 @@ class SqlStore(Operations):
             lease_seconds=float(args.get("lease_seconds") or 0.0),
             descriptor=dict(args.get("descriptor") or {}),
             remote_id=args.get("remote_id"),
-            result=args.get("result", "unknown"),
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
             detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
             text_window=self.text_window_seconds,
@@ -382,18 +388,6 @@ class SqlStore(Operations):
                     ),
                 )
             )
-        if "count_reconcile" in ev.effects:
-            out.append(
-                sa.insert(reconciliations).from_select(
-                    ["key", "result", "remote_id", "recorded_at"],
-                    sa.select(
-                        u.key,
-                        sa.bindparam("p_result", type_=sa.Text),
-                        sa.bindparam("p_remote_id", type_=sa.Text),
-                        self._now,
-                    ),
-                )
-            )
         if "claim_text_slot" in ev.effects:
             out.append(
                 sa.insert(text_claims).from_select(
@@ -414,8 +408,49 @@ class SqlStore(Operations):
                 .where(text_claims.c.key == sa.select(u.key).scalar_subquery(), sa.not_(text_claims.c.released))
                 .values(released=True)
             )
-        out.append(self._history_insert(ev, src, opens))
+        hist = self._history_insert(ev, src, opens)
+        if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
+            h = hist.cte("h")
+            rec = self._reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
+            if rec is None:
+                out.append(hist)
+            elif reconciliation_step(self.table, ev.name)[0] == "open":
+                out.append(rec)  # it reads the history CTE's seq, which brings that insert in (once)
+            else:
+                out += [hist, rec]
+        else:
+            h_ = history.c
+            rec = self._reconciliation_insert(
+                ev, src, sa.select(sa.func.max(h_.seq)).where(h_.key == src.c.key).scalar_subquery()
+            )
+            out += [hist] if rec is None else [hist, rec]  # in this order, in one write transaction
         return out
+
+    def _reconciliation_insert(self, ev, src, send_seq) -> sa.Insert | None:
+        """The reconciliation record of a move (``atmostonce.audit.reconciliation_step``), or ``None``.
+
+        A lookup or resolution joins the intent's newest record. That record was committed before
+        this statement's snapshot: the state the move requires (``indeterminate``, ``parked``) was
+        set by the move that wrote it or a later one, and any move that changed the state since would
+        make this one's conditional write refuse after its lock wait."""
+        step = reconciliation_step(self.table, ev.name)
+        if step is None:
+            return None
+        kind, result = step
+        u, rc = src.c, reconciliations.c
+        cols = ["key", "send_seq", "event", "result", "remote_id", "recorded_at"]
+        what = (sa.literal(ev.name, sa.Text), sa.literal(result, sa.Text))
+        if kind == "open":
+            return sa.insert(reconciliations).from_select(
+                cols, sa.select(u.key, send_seq, *what, u.remote_id, self._now)
+            )
+        newest = (
+            sa.select(rc.send_seq).where(rc.key == u.key, rc.send_seq.is_not(None)).order_by(rc.seq.desc()).limit(1)
+        )
+        q = sa.select(u.key, newest.scalar_subquery(), *what, sa.bindparam("p_remote_id", type_=sa.Text), self._now)
+        if kind == "settle":  # only a send still unknown is settled by a person's resolution
+            q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
+        return sa.insert(reconciliations).from_select(cols, q)
 
     _HISTORY_COLUMNS = (
         "key",
@@ -737,7 +772,9 @@ class SqlStore(Operations):
         q = sa.select(reconciliations).where(reconciliations.c.key == key).order_by(reconciliations.c.seq)
         with self._tx() as conn:
             return [
-                Reconciliation(r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"])
+                Reconciliation(
+                    r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"], r["send_seq"], r["event"]
+                )
                 for r in conn.execute(q).mappings()
             ]
 

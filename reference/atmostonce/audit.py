@@ -230,3 +230,50 @@ def verify_store(store: Any, keys: Iterable[str] | None = None) -> AuditReport:
         if broken is not None:
             breaks.append(broken)
     return AuditReport(n, rows, tuple(breaks), heads)
+
+
+# ---------------------------------------------------------------- reconciliation of a send
+
+RECONCILIATION_RESULTS = ("unknown", "confirmed", "failed")
+"""What a reconciliation record can say of a send; only evidence moves it off ``unknown``."""
+
+_RESULT_BY_DISPOSITION = {"awaiting_evidence": "unknown", "done": "confirmed", "retryable": "failed"}
+
+
+def reconciliation_step(table: Any, event: str) -> tuple[str, str] | None:
+    """What a move writes into the reconciliation records, derived from the table:
+
+    * ``("open", "unknown")``: the move into the unknown-outcome state from outside it
+      (``record_unknown``, ``expire_lease``, ``read_back_failed``, ``restore_fence``) opens a record
+      for the send, keyed by this move's history ``seq`` (``send_seq``);
+    * ``("lookup", result)``: a reconciler lookup (effect ``count_reconcile``) appends what it found
+      to the open record: ``confirmed``, ``failed`` (fenced absence) or ``unknown`` (nothing proven);
+    * ``("settle", result)``: a person's resolution of a human-owned intent (``resolve_published``,
+      ``resolve_not_sent``) appends ``confirmed`` or ``failed``, when the newest record is still unknown;
+    * ``None``: the move says nothing about a send (a refusal writes nothing at all).
+    """
+    ev = table.event(event)
+    target = table.states[ev.target]
+    if target.kind == "unknown" and ev.target not in ev.sources:
+        return ("open", "unknown")
+    result = _RESULT_BY_DISPOSITION.get(target.disposition)
+    if result is None:
+        return None
+    if "count_reconcile" in ev.effects:
+        return ("lookup", result)
+    if (
+        table.actors[ev.actor].human
+        and result != "unknown"
+        and any(table.states[s].kind == "human_owned" for s in ev.sources)
+    ):
+        return ("settle", result)
+    return None
+
+
+def current_reconciliations(records: Iterable[Any]) -> dict[int, Any]:
+    """The current record per send (``send_seq``): the newest row of each, records in ``seq`` order."""
+    out: dict[int, Any] = {}
+    for r in records:
+        if r.send_seq is not None:
+            out[r.send_seq] = r
+    return out

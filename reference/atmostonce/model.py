@@ -22,7 +22,7 @@ from typing import Any
 
 from transitions import Machine
 
-from .audit import AuditChain, AuditRow, field_texts, history_hash, model_detail_text
+from .audit import AuditChain, AuditRow, field_texts, history_hash, model_detail_text, reconciliation_step
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import attempt_token
@@ -201,6 +201,7 @@ class MemoryStore(Operations):
             )
             actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
             entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)
+            rec = self._reconciliation(key, event, new, args, entry.seq, now)
             cell = self._cells[key]
             if not getattr(cell, event)():  # pragma: no cover - guards were checked above
                 raise StoreError(f"transitions refused {event} from {row['state']}")
@@ -209,6 +210,8 @@ class MemoryStore(Operations):
             for target, item in appends:
                 target.append(item)
             self._append_history(entry)
+            if rec is not None:
+                self._reconciliations.append(rec)
             return self._intent(new)
 
     # -- effects (names from the table's effect catalogue) --------------------------------
@@ -249,9 +252,22 @@ class MemoryStore(Operations):
         row["lease_expires_at"] = None
 
     def _eff_count_reconcile(self, row, args, now, event, appends):
-        row["reconcile_count"] += 1
-        rec = Reconciliation(next(self._seq), row["key"], args.get("result", "unknown"), args.get("remote_id"), now)
-        appends.append((self._reconciliations, rec))
+        row["reconcile_count"] += 1  # the lookup's record is written beside the move (_reconciliation)
+
+    def _reconciliation(self, key, event, row, args, history_seq, now) -> Reconciliation | None:
+        """The reconciliation record this move appends (``atmostonce.audit.reconciliation_step``)."""
+        step = reconciliation_step(self.table, event)
+        if step is None:
+            return None
+        kind, result = step
+        if kind == "open":
+            return Reconciliation(next(self._seq), key, result, row["remote_id"], now, history_seq, event)
+        mine = [r for r in self._reconciliations if r.key == key and r.send_seq is not None]
+        latest = mine[-1] if mine else None
+        if kind == "settle" and (latest is None or latest.result != "unknown"):
+            return None  # nothing open: a resolution of work that was never unknown records no reconciliation
+        send_seq = None if latest is None else latest.send_seq
+        return Reconciliation(next(self._seq), key, result, args.get("remote_id"), now, send_seq, event)
 
     def _eff_claim_text_slot(self, row, args, now, event, appends):
         if row["text_hash"] is not None:
