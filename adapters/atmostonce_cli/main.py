@@ -171,6 +171,21 @@ def cmd_intents_show(args) -> int:
             f"  resend epoch {it.resend_epoch}  remote id {it.remote_id or '-'}",
             "history (ordered by store sequence; wall time is context only):",
             _table(rows, ["seq", "event", "actor", "from", "to", "generation", "wall_time", "detail"]),
+            "reconciliation of unknown sends (send = the history seq that made the outcome unknown):",
+            _table(
+                [
+                    {
+                        "seq": r.seq,
+                        "send": r.send_seq if r.send_seq is not None else "-",
+                        "event": r.event or "-",
+                        "result": r.result,
+                        "remote_id": r.remote_id or "-",
+                        "wall_time": _ts(r.recorded_at),
+                    }
+                    for r in recs
+                ],
+                ["seq", "send", "event", "result", "remote_id", "wall_time"],
+            ),
         ]
     )
     _emit(args, data, text)
