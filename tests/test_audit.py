@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import sqlalchemy as sa
@@ -35,7 +36,7 @@ def test_chain_hash_is_pinned_and_covers_every_field_and_the_link():
 
 def test_float_text_is_the_exact_double():
     assert float_text(300.0) == "4072c00000000000"
-    assert float_text(0.1) != float_text(0.1 + 1e-17 * 2)
+    assert float_text(0.1) != float_text(math.nextafter(0.1, 1.0))  # one ulp apart: different text
     assert float_text(1764572400.123456) == float_text(float("1764572400.123456"))
 
 

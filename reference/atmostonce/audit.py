@@ -36,13 +36,18 @@ from .identity import canonical_json
 __all__ = [
     "CHAIN_TAG",
     "HISTORY_FIELDS",
+    "RECONCILIATION_RESULTS",
     "AuditChain",
+    "AuditReport",
     "AuditRow",
     "ChainBreak",
     "chain_hash",
+    "current_reconciliations",
+    "field_texts",
     "float_text",
     "history_hash",
     "model_detail_text",
+    "reconciliation_step",
     "verify_chain",
     "verify_store",
 ]
