@@ -727,17 +727,23 @@ class SqlStore(Operations):
         h = history.c
         detail = sa.cast(h.detail, sa.Text) if self.dialect == "postgresql" else sa.type_coerce(h.detail, sa.Text)
         cols = [h[f] for f in HISTORY_FIELDS if f != "detail"]
-        q = sa.select(*cols, detail.label("detail"), h.prev_hash, h.row_hash).where(h.key == key).order_by(h.seq)
+        # one statement, so the intent's count and its rows come from one snapshot on a live database
+        q = (
+            sa.select(intents.c.history_count, *cols, detail.label("detail"), h.prev_hash, h.row_hash)
+            .select_from(intents.outerjoin(history, h.key == intents.c.key))
+            .where(intents.c.key == key)
+            .order_by(h.seq)
+        )
         with self._tx() as conn:
-            count = conn.execute(sa.select(intents.c.history_count).where(intents.c.key == key)).scalar_one_or_none()
             rows = conn.execute(q).mappings().all()
         return AuditChain(
             key,
             tuple(
                 AuditRow(r["seq"], field_texts(*(r[f] for f in HISTORY_FIELDS)), r["prev_hash"], r["row_hash"])
                 for r in rows
+                if r["seq"] is not None
             ),
-            count,
+            rows[0]["history_count"] if rows else None,
         )
 
     def attempts(self, key: str) -> list[Attempt]:
