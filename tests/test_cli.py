@@ -64,8 +64,20 @@ def test_intents_list_and_show(capsys, db):
     assert rc == 0 and data["intent"]["key"] == it.key
     assert [h["event"] for h in data["history"]] == ["submit", "begin", "authorize_dispatch", "record_unknown"]
     assert [h["seq"] for h in data["history"]] == sorted(h["seq"] for h in data["history"])
+    [rec] = data["reconciliations"]
+    assert (rec["result"], rec["send_seq"], rec["event"]) == ("unknown", data["history"][-1]["seq"], "record_unknown")
     rc, out, _ = run(capsys, "intents", "show", it.key, "--database-url", url)
     assert "SEQ" in out and "record_unknown" in out
+    assert "reconciliation of unknown sends" in out and "unknown" in out.split("reconciliation of")[1]
+
+
+def test_audit_verify_and_grant_app_role_on_sqlite(capsys, db):
+    url, store = db
+    to_state(store, "published")
+    rc, out, _ = run(capsys, "audit", "verify", "--database-url", url)
+    assert rc == 0 and "every chain intact" in out
+    rc, _, err = run(capsys, "db", "grant-app-role", "app", "--database-url", url)
+    assert rc == 2 and "PostgreSQL" in err  # SQLite has no roles: bad input, not a store failure
 
 
 def test_retry_is_refused_except_from_failed(capsys, db):

@@ -180,7 +180,11 @@ def test_reconciliation_moves_only_on_evidence(any_store):
         s.reconcile_not_found(s.get(it.key).plan)
     assert e.value.guard == "reconcile_budget_left"
     assert s.park_unreconcilable(s.get(it.key).plan, reason="reconcile.budget_spent").state == "parked"
-    assert [r.result for r in s.reconciliations(it.key)] == ["unknown", "unknown"]  # one per lookup
+    assert [(r.event, r.result) for r in s.reconciliations(it.key)] == [
+        ("record_unknown", "unknown"),  # the send's record opens when its outcome becomes unknown
+        ("reconcile_not_found", "unknown"),  # then one row per lookup
+        ("reconcile_not_found", "unknown"),
+    ]
     assert s.get(it.key).reconcile_count == 2
 
 

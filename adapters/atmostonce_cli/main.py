@@ -184,6 +184,21 @@ def cmd_intents_show(args) -> int:
             f"  resend epoch {it.resend_epoch}  remote id {it.remote_id or '-'}",
             "history (ordered by store sequence; wall time is context only):",
             _table(rows, ["seq", "event", "actor", "from", "to", "generation", "wall_time", "detail"]),
+            "reconciliation of unknown sends (send = the history seq that made the outcome unknown):",
+            _table(
+                [
+                    {
+                        "seq": r.seq,
+                        "send": r.send_seq if r.send_seq is not None else "-",
+                        "event": r.event or "-",
+                        "result": r.result,
+                        "remote_id": r.remote_id or "-",
+                        "wall_time": _ts(r.recorded_at),
+                    }
+                    for r in recs
+                ],
+                ["seq", "send", "event", "result", "remote_id", "wall_time"],
+            ),
         ]
     )
     _emit(args, data, text)
@@ -282,6 +297,19 @@ def cmd_db_upgrade(args) -> int:
     return EXIT_OK
 
 
+def cmd_grant_app_role(args) -> int:
+    from atmostonce_sql import grant_app_role, open_store
+
+    store = open_store(args.database_url if args.database_url is not None else DEFAULT_URL, migrate=False)
+    try:
+        granted = grant_app_role(store.engine, args.role)
+    finally:
+        store.close()
+    lines = [f"{t}: {', '.join(p)}" for t, p in granted.items()]
+    _emit(args, {"role": args.role, "tables": granted}, "\n".join([f"granted to {args.role}:", *lines]))
+    return EXIT_OK
+
+
 def cmd_declare_restore(args) -> int:
     store = _store(args)
     epoch, fenced = store.declare_restore(operator=args.operator)
@@ -291,6 +319,24 @@ def cmd_declare_restore(args) -> int:
         f"restore epoch now {epoch}; {fenced} open intents moved to indeterminate for reconciliation",
     )
     return EXIT_OK
+
+
+def cmd_audit_verify(args) -> int:
+    from atmostonce.audit import verify_store
+
+    store = _store(args)
+    keys = None if args.key is None else [_resolve_key(store, args.key)]
+    report = verify_store(store, keys)
+    if report.intact:
+        text = f"audit: {report.intents} intents, {report.rows} history rows, every chain intact"
+    else:
+        lines = [
+            f"{b.key}  first break at seq {b.seq if b.seq is not None else '(after the last row)'}: {b.message}"
+            for b in report.breaks
+        ]
+        text = "\n".join([f"audit: {len(report.breaks)} of {report.intents} chains broken", *lines])
+    _emit(args, report.as_dict(), text)
+    return EXIT_OK if report.intact else EXIT_REFUSED
 
 
 def cmd_kill_switch(args) -> int:
@@ -492,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     dbp = sub.add_parser("db", help="database administration").add_subparsers(dest="sub", required=True)
     up = db(dbp.add_parser("upgrade", help="apply migrations"))
     up.set_defaults(func=cmd_db_upgrade)
+    gr = db(dbp.add_parser("grant-app-role", help="PostgreSQL: give the application's role what the store needs"))
+    gr.add_argument("role", help="an existing role; INSERT and SELECT only on append-only tables")
+    gr.set_defaults(func=cmd_grant_app_role)
     dr = db(
         dbp.add_parser(
             "declare-restore",
@@ -500,6 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dr.add_argument("--operator", required=True)
     dr.set_defaults(func=cmd_declare_restore)
+
+    au = sub.add_parser("audit", help="the tamper-evident history").add_subparsers(dest="sub", required=True)
+    av = db(au.add_parser("verify", help="walk every intent's hash chain; report the first break of each"))
+    av.add_argument("--key", help="verify only this intent (full key or a unique prefix)")
+    av.set_defaults(func=cmd_audit_verify)
 
     pol = sub.add_parser("policy", help="the policy layer every path reads").add_subparsers(dest="sub", required=True)
     ks = db(pol.add_parser("kill-switch", help="engage or release a kill switch"))

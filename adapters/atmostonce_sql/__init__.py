@@ -14,9 +14,10 @@ from sqlalchemy.engine import Engine
 from atmostonce.errors import StoreError
 
 from .migrate import upgrade
-from .store import SqlStore
+from .roles import grant_app_role
+from .store import SqlStore, register_sqlite_functions
 
-__all__ = ["SqlStore", "make_engine", "open_store", "upgrade"]
+__all__ = ["SqlStore", "grant_app_role", "make_engine", "open_store", "upgrade"]
 
 
 def normalize_url(url: str) -> str:
@@ -51,6 +52,7 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
+            register_sqlite_functions(dbapi_conn)
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn):

@@ -66,6 +66,8 @@ intents = sa.Table(
     sa.Column("source_id", sa.Text, nullable=True),
     sa.Column("source_version", sa.Text, nullable=True),
     sa.Column("requires_approval", sa.Boolean, nullable=False, server_default=sa.false()),
+    # history rows this intent wrote (migration 0002): a removed newest row breaks the count
+    sa.Column("history_count", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.Index(
         "aom_intents_lease_due",
         "lease_expires_at",
@@ -112,6 +114,9 @@ history = sa.Table(
     sa.Column("generation", sa.BigInteger, nullable=True),
     sa.Column("detail", JSONType, nullable=False),
     sa.Column("recorded_at", sa.Float(53), nullable=False),
+    # the per-intent hash chain (migration 0002; atmostonce.audit defines the hash)
+    sa.Column("prev_hash", sa.Text, nullable=True),
+    sa.Column("row_hash", sa.Text, nullable=True),
     sa.Index("aom_history_key_seq", "key", "seq"),
     sqlite_autoincrement=True,
 )
@@ -124,7 +129,11 @@ reconciliations = sa.Table(
     sa.Column("result", sa.Text, nullable=False),
     sa.Column("remote_id", sa.Text, nullable=True),
     sa.Column("recorded_at", sa.Float(53), nullable=False),
+    # the audit row (history seq) of the send this record reconciles, and the event that wrote it (0002)
+    sa.Column("send_seq", sa.BigInteger, nullable=True),
+    sa.Column("event", sa.Text, nullable=True),
     sa.Index("aom_reconciliations_key_seq", "key", "seq"),
+    sa.Index("aom_reconciliations_send", "send_seq", "seq"),
     sqlite_autoincrement=True,
 )
 

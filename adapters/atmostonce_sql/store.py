@@ -24,6 +24,14 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from atmostonce.audit import (
+    HISTORY_FIELDS,
+    AuditChain,
+    AuditRow,
+    field_texts,
+    history_hash,
+    reconciliation_step,
+)
 from atmostonce.claims import CLAIM_FENCING_GUARDS
 from atmostonce.errors import (
     AppendOnlyViolation,
@@ -69,7 +77,12 @@ from .schema import (
     text_claims,
 )
 
-__all__ = ["SqlStore"]
+__all__ = ["SqlStore", "register_sqlite_functions"]
+
+
+def register_sqlite_functions(dbapi_conn: Any) -> None:
+    """Give a SQLite connection the audit chain's hash (``aom_chain_hash``), defined in Python once."""
+    dbapi_conn.create_function("aom_chain_hash", 11, history_hash, deterministic=True)
 
 
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
@@ -112,6 +125,8 @@ class SqlStore(SqlClaims, Operations):
         if max_payload_bytes is not None:
             self.max_payload_bytes = max_payload_bytes
         self._now = db_now(self.dialect)
+        if self.dialect == "sqlite":  # engines made elsewhere than make_engine get the audit function too
+            sa.event.listen(engine, "connect", lambda dbapi_conn, _record: register_sqlite_functions(dbapi_conn))
         if self.dialect == "postgresql":  # a pool of connections that stay in autocommit: no toggling per checkout
             size = engine.pool.size() if hasattr(engine.pool, "size") else 5
             self._autocommit = sa.create_engine(
@@ -199,6 +214,7 @@ class SqlStore(SqlClaims, Operations):
             "attempt_count": 0,
             "reconcile_count": 0,
             "resend_epoch": 0,
+            "history_count": 1,
             "created_at": self._now,
             "updated_at": self._now,
         }
@@ -260,7 +276,6 @@ class SqlStore(SqlClaims, Operations):
             lease_seconds=float(args.get("lease_seconds") or 0.0),
             descriptor=dict(args.get("descriptor") or {}),
             remote_id=args.get("remote_id"),
-            result=args.get("result", "unknown"),
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
             detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
             text_window=self.text_window_seconds,
@@ -290,6 +305,7 @@ class SqlStore(SqlClaims, Operations):
             "prev_state": c.state,
             "prev_attempt_token": c.attempt_token,
             "updated_at": self._now,
+            "history_count": c.history_count + 1,
         }
         for eff in ev.effects:
             values.update(self._effect_values(eff))
@@ -419,18 +435,6 @@ class SqlStore(SqlClaims, Operations):
                     ),
                 )
             )
-        if "count_reconcile" in ev.effects:
-            out.append(
-                sa.insert(reconciliations).from_select(
-                    ["key", "result", "remote_id", "recorded_at"],
-                    sa.select(
-                        u.key,
-                        sa.bindparam("p_result", type_=sa.Text),
-                        sa.bindparam("p_remote_id", type_=sa.Text),
-                        self._now,
-                    ),
-                )
-            )
         if "claim_text_slot" in ev.effects:
             out.append(
                 sa.insert(text_claims).from_select(
@@ -451,29 +455,100 @@ class SqlStore(SqlClaims, Operations):
                 .where(text_claims.c.key == sa.select(u.key).scalar_subquery(), sa.not_(text_claims.c.released))
                 .values(released=True)
             )
-        out.append(self._history_insert(ev, src, opens))
+        hist = self._history_insert(ev, src, opens)
+        if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
+            h = hist.cte("h")
+            rec = self._reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
+            if rec is None:
+                out.append(hist)
+            elif reconciliation_step(self.table, ev.name)[0] == "open":
+                out.append(rec)  # it reads the history CTE's seq, which brings that insert in (once)
+            else:
+                out += [hist, rec]
+        else:
+            h_ = history.c
+            rec = self._reconciliation_insert(
+                ev, src, sa.select(sa.func.max(h_.seq)).where(h_.key == src.c.key).scalar_subquery()
+            )
+            out += [hist] if rec is None else [hist, rec]  # in this order, in one write transaction
         return out
 
+    def _reconciliation_insert(self, ev, src, send_seq) -> sa.Insert | None:
+        """The reconciliation record of a move (``atmostonce.audit.reconciliation_step``), or ``None``.
+
+        A lookup or resolution joins the intent's newest record. That record was committed before
+        this statement's snapshot: the state the move requires (``indeterminate``, ``parked``) was
+        set by the move that wrote it or a later one, and any move that changed the state since would
+        make this one's conditional write refuse after its lock wait."""
+        step = reconciliation_step(self.table, ev.name)
+        if step is None:
+            return None
+        kind, result = step
+        u, rc = src.c, reconciliations.c
+        cols = ["key", "send_seq", "event", "result", "remote_id", "recorded_at"]
+        what = (sa.literal(ev.name, sa.Text), sa.literal(result, sa.Text))
+        if kind == "open":
+            return sa.insert(reconciliations).from_select(
+                cols, sa.select(u.key, send_seq, *what, u.remote_id, self._now)
+            )
+        newest = (
+            sa.select(rc.send_seq).where(rc.key == u.key, rc.send_seq.is_not(None)).order_by(rc.seq.desc()).limit(1)
+        )
+        q = sa.select(u.key, newest.scalar_subquery(), *what, sa.bindparam("p_remote_id", type_=sa.Text), self._now)
+        if kind == "settle":  # only a send still unknown is settled by a person's resolution
+            q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
+        return sa.insert(reconciliations).from_select(cols, q)
+
+    _HISTORY_COLUMNS = (
+        "key",
+        "event",
+        "actor",
+        "from_state",
+        "to_state",
+        "attempt_token",
+        "generation",
+        "detail",
+        "recorded_at",
+    )
+
     def _history_insert(self, ev, src, opens: bool) -> sa.Insert:
+        """The history row of a move. PostgreSQL's trigger (migration 0002) chains it; on SQLite the
+        statement assigns the sequence itself and chains the row through ``aom_chain_hash`` (the
+        writer lock is held, so the newest row read here is the chain's head)."""
         u = src.c
         if opens or ev.creates:
             token, gen = u.attempt_token, u.generation
         else:
             token = u.prev_attempt_token
             gen = sa.func.coalesce(sa.bindparam("p_generation", type_=sa.BigInteger), u.generation)
+        values = (
+            u.key,
+            sa.literal(ev.name, sa.Text),
+            sa.bindparam("p_actor", type_=sa.Text),
+            sa.null() if ev.creates else u.prev_state,
+            u.state,
+            token,
+            gen,
+            sa.bindparam("p_detail", type_=history.c.detail.type),
+            self._now,
+        )
+        names = list(self._HISTORY_COLUMNS)
+        if self.dialect == "postgresql":
+            return sa.insert(history).from_select(names, sa.select(*values)).returning(history.c.seq)
+        h = history.c
+        next_seq = sa.literal_column(
+            "max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'aom_history'), 0), "
+            "coalesce((SELECT max(seq) FROM aom_history), 0)) + 1",
+            sa.Integer,
+        )
+        prev = sa.select(h.row_hash).where(h.key == u.key).order_by(h.seq.desc()).limit(1).scalar_subquery()
+        v = sa.select(
+            next_seq.label("seq"), *[x.label(n) for n, x in zip(names, values, strict=True)], prev.label("prev_hash")
+        ).subquery("v")
+        row_hash = sa.func.aom_chain_hash(v.c.prev_hash, *[v.c[f] for f in HISTORY_FIELDS], type_=sa.Text)
         return sa.insert(history).from_select(
-            ["key", "event", "actor", "from_state", "to_state", "attempt_token", "generation", "detail", "recorded_at"],
-            sa.select(
-                u.key,
-                sa.literal(ev.name, sa.Text),
-                sa.bindparam("p_actor", type_=sa.Text),
-                sa.null() if ev.creates else u.prev_state,
-                u.state,
-                token,
-                gen,
-                sa.bindparam("p_detail", type_=history.c.detail.type),
-                self._now,
-            ),
+            ["seq", *names, "prev_hash", "row_hash"],
+            sa.select(v.c.seq, *[v.c[n] for n in names], v.c.prev_hash, row_hash),
         )
 
     def _effect_values(self, eff: str) -> dict[str, Any]:
@@ -693,6 +768,36 @@ class SqlStore(SqlClaims, Operations):
                 for r in conn.execute(q).mappings()
             ]
 
+    def audit_keys(self) -> list[str]:
+        """Every intent's key, oldest first (what ``audit verify`` walks)."""
+        with self._tx() as conn:
+            return list(conn.execute(sa.select(intents.c.key).order_by(intents.c.created_at, intents.c.key)).scalars())
+
+    def audit_chain(self, key: str) -> AuditChain:
+        """The intent's history rows as the chain hashed them: ``detail`` as this dialect's own JSON text
+        (``jsonb::text`` on PostgreSQL, the stored text on SQLite), times as the stored doubles."""
+        h = history.c
+        detail = sa.cast(h.detail, sa.Text) if self.dialect == "postgresql" else sa.type_coerce(h.detail, sa.Text)
+        cols = [h[f] for f in HISTORY_FIELDS if f != "detail"]
+        # one statement, so the intent's count and its rows come from one snapshot on a live database
+        q = (
+            sa.select(intents.c.history_count, *cols, detail.label("detail"), h.prev_hash, h.row_hash)
+            .select_from(intents.outerjoin(history, h.key == intents.c.key))
+            .where(intents.c.key == key)
+            .order_by(h.seq)
+        )
+        with self._tx() as conn:
+            rows = conn.execute(q).mappings().all()
+        return AuditChain(
+            key,
+            tuple(
+                AuditRow(r["seq"], field_texts(*(r[f] for f in HISTORY_FIELDS)), r["prev_hash"], r["row_hash"])
+                for r in rows
+                if r["seq"] is not None
+            ),
+            rows[0]["history_count"] if rows else None,
+        )
+
     def attempts(self, key: str) -> list[Attempt]:
         with self._tx() as conn:
             rows = (
@@ -725,7 +830,9 @@ class SqlStore(SqlClaims, Operations):
         q = sa.select(reconciliations).where(reconciliations.c.key == key).order_by(reconciliations.c.seq)
         with self._tx() as conn:
             return [
-                Reconciliation(r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"])
+                Reconciliation(
+                    r["seq"], r["key"], r["result"], r["remote_id"], r["recorded_at"], r["send_seq"], r["event"]
+                )
                 for r in conn.execute(q).mappings()
             ]
 

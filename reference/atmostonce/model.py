@@ -22,6 +22,7 @@ from typing import Any
 
 from transitions import Machine
 
+from .audit import AuditChain, AuditRow, field_texts, history_hash, model_detail_text, reconciliation_step
 from .claims import MemoryClaims
 from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
 from .guards import GUARDS
@@ -111,6 +112,9 @@ class MemoryStore(MemoryClaims, Operations):
             self._attempts: list[dict[str, Any]] = []
             self._attempt_outcomes: list[tuple[int, str, str]] = []
             self._history: list[HistoryEntry] = []
+            self._chain: dict[int, tuple[str | None, str]] = {}  # seq -> (prev_hash, row_hash)
+            self._heads: dict[str, str] = {}  # key -> newest row_hash
+            self._history_count: dict[str, int] = {}
             self._reconciliations: list[Reconciliation] = []
             self._generation = itertools.count(1)
             self._seq = itertools.count(1)
@@ -170,7 +174,7 @@ class MemoryStore(MemoryClaims, Operations):
             self._rows[sub.key] = row
             self._cells[sub.key] = cell
             creator = next(e for e in self.table.events.values() if e.creates)
-            self._history.append(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
+            self._append_history(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
             return self._intent(row), True
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
@@ -201,6 +205,7 @@ class MemoryStore(MemoryClaims, Operations):
             )
             actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
             entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)
+            rec = self._reconciliation(key, event, new, args, entry.seq, now)
             cell = self._cells[key]
             if not getattr(cell, event)():  # pragma: no cover - guards were checked above
                 raise StoreError(f"transitions refused {event} from {row['state']}")
@@ -208,7 +213,9 @@ class MemoryStore(MemoryClaims, Operations):
             self._rows[key] = new
             for target, item in appends:
                 target.append(item)
-            self._history.append(entry)
+            self._append_history(entry)
+            if rec is not None:
+                self._reconciliations.append(rec)
             self._commit_coupled(coupled, now)
             return self._intent(new)
 
@@ -250,9 +257,22 @@ class MemoryStore(MemoryClaims, Operations):
         row["lease_expires_at"] = None
 
     def _eff_count_reconcile(self, row, args, now, event, appends):
-        row["reconcile_count"] += 1
-        rec = Reconciliation(next(self._seq), row["key"], args.get("result", "unknown"), args.get("remote_id"), now)
-        appends.append((self._reconciliations, rec))
+        row["reconcile_count"] += 1  # the lookup's record is written beside the move (_reconciliation)
+
+    def _reconciliation(self, key, event, row, args, history_seq, now) -> Reconciliation | None:
+        """The reconciliation record this move appends (``atmostonce.audit.reconciliation_step``)."""
+        step = reconciliation_step(self.table, event)
+        if step is None:
+            return None
+        kind, result = step
+        if kind == "open":
+            return Reconciliation(next(self._seq), key, result, row["remote_id"], now, history_seq, event)
+        mine = [r for r in self._reconciliations if r.key == key and r.send_seq is not None]
+        latest = mine[-1] if mine else None
+        if kind == "settle" and (latest is None or latest.result != "unknown"):
+            return None  # nothing open: a resolution of work that was never unknown records no reconciliation
+        send_seq = None if latest is None else latest.send_seq
+        return Reconciliation(next(self._seq), key, result, args.get("remote_id"), now, send_seq, event)
 
     def _eff_claim_text_slot(self, row, args, now, event, appends):
         if row["text_hash"] is not None:
@@ -284,6 +304,54 @@ class MemoryStore(MemoryClaims, Operations):
     def _history_entry(self, key, event, actor, from_state, row, args, now, token=None, gen=None) -> HistoryEntry:
         detail = copy.deepcopy({k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")})
         return HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
+
+    def _append_history(self, h: HistoryEntry) -> None:
+        """Append a history row and chain it to the intent's newest one (``atmostonce.audit``)."""
+        prev = self._heads.get(h.key)
+        digest = history_hash(
+            prev,
+            h.seq,
+            h.key,
+            h.event,
+            h.actor,
+            h.from_state,
+            h.to_state,
+            h.attempt_token,
+            h.generation,
+            model_detail_text(h.detail),
+            h.recorded_at,
+        )
+        self._history.append(h)
+        self._chain[h.seq] = (prev, digest)
+        self._heads[h.key] = digest
+        self._history_count[h.key] = self._history_count.get(h.key, 0) + 1
+
+    def audit_keys(self) -> list[str]:
+        with self._lock:
+            return list(self._rows)
+
+    def audit_chain(self, key: str) -> AuditChain:
+        """The intent's history rows with their hashes, fields in the model's text forms."""
+        with self._lock:
+            rows = []
+            for h in self._history:
+                if h.key != key:
+                    continue
+                prev, digest = self._chain.get(h.seq, (None, None))
+                texts = field_texts(
+                    h.seq,
+                    h.key,
+                    h.event,
+                    h.actor,
+                    h.from_state,
+                    h.to_state,
+                    h.attempt_token,
+                    h.generation,
+                    model_detail_text(h.detail),
+                    h.recorded_at,
+                )
+                rows.append(AuditRow(h.seq, texts, prev, digest))
+            return AuditChain(key, tuple(rows), self._history_count.get(key))
 
     @staticmethod
     def _copy_entry(h: HistoryEntry) -> HistoryEntry:

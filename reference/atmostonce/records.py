@@ -145,13 +145,19 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class Reconciliation:
-    """One append-only reconciliation record: a lookup and what it proved (seed 003)."""
+    """One append-only reconciliation record of an external send (seed 003): ``unknown`` when the
+    send's outcome became unknown, then one row per lookup or resolution, moving to ``confirmed`` or
+    ``failed`` only on evidence. ``send_seq`` is the history ``seq`` of the move that made the send's
+    outcome unknown (the join key to the audit); the current result of a send is its newest row.
+    ``event`` names the move that wrote the row. Rows written before migration 0002 carry neither."""
 
     seq: int
     key: DeliveryKey
     result: str
     remote_id: str | None
     recorded_at: float
+    send_seq: int | None = None
+    event: str | None = None
 
 
 @dataclass(frozen=True)

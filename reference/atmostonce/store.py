@@ -126,6 +126,13 @@ class Operations(ClaimOperations):
     def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    def reconciliation_results(self, key: str) -> dict[int, Reconciliation]:
+        """The current reconciliation record of each of the intent's sends, by ``send_seq`` (the
+        history ``seq`` of the move that made that send's outcome unknown): its newest row."""
+        from .audit import current_reconciliations
+
+        return current_reconciliations(self.reconciliations(key))  # type: ignore[attr-defined]
+
     # -- intake ---------------------------------------------------------------------------
     def submit(
         self,

@@ -41,10 +41,10 @@ def seed(dsn: str, n: int) -> None:
             """
             INSERT INTO aom_intents (key, account, action_kind, target, request, request_digest, state,
               attempt_count, max_attempts, reconcile_count, max_reconciles, resend_epoch, normalizer_version,
-              created_at, updated_at, remote_id)
+              created_at, updated_at, remote_id, history_count)
             SELECT md5('seed' || i) || md5('x' || i), 'acct-' || (i %% 50), 'post', 'room-' || (i %% 500),
                    '{"text":"seed"}', md5('d' || i), 'published', 1, 3, 0, 3, 0, 1,
-                   extract(epoch from now()) - i, extract(epoch from now()) - i, 'r' || i
+                   extract(epoch from now()) - i, extract(epoch from now()) - i, 'r' || i, 1
             FROM generate_series(1, %s) AS i
             """,
             (n,),

@@ -53,7 +53,10 @@ def test_every_proxy_fault_settles_with_one_event_per_published_intent(db, proxy
     puts = [r for r in proxy.records if r.request_line.startswith("PUT ")]
     assert len(puts) == 1, "an unknown outcome was resent"
     if final == "published" and first == "send.unknown":  # settled by evidence: the lookup found the event
-        assert [(r.result, r.remote_id) for r in db.store.reconciliations(it.key)] == [("confirmed", got.remote_id)]
+        assert [(r.result, r.remote_id) for r in db.store.reconciliations(it.key)] == [
+            ("unknown", None),  # opened by record_unknown
+            ("confirmed", got.remote_id),
+        ]
 
 
 def test_a_not_found_history_lookup_is_not_fenced(db, proxy, transport, room, room_view):

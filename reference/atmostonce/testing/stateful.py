@@ -119,8 +119,32 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             self.attempt_len: dict[str, int] = {}
 
         def teardown(self) -> None:
-            if self.sut is not None:
-                self.sut.close()
+            try:
+                if self.store is not None:
+                    self.audits_agree()
+            finally:
+                if self.sut is not None:
+                    self.sut.close()
+
+        def audits_agree(self) -> None:
+            """At the end of a run: both histories verify as hash chains, and both stores wrote the same
+            reconciliation records, each joined to the same history row (append-only, so the final
+            records include every record ever written)."""
+            stores = (self.model, self.store)
+            if not all(hasattr(st_, "audit_chain") for st_ in stores):
+                return
+            from atmostonce.audit import verify_store
+
+            for st_ in stores:
+                report = verify_store(st_, self.keys)
+                assert report.intact, f"audit chain broken in {type(st_).__name__}: {report.breaks}"
+
+            def records(st_, key):
+                where = {h.seq: i for i, h in enumerate(st_.history(key))}
+                return [(r.event, r.result, where.get(r.send_seq)) for r in st_.reconciliations(key)]
+
+            for key in self.keys:
+                assert records(self.model, key) == records(self.store, key), f"{key[:12]}: reconciliations differ"
 
         # -- helpers ------------------------------------------------------------------
         @property
