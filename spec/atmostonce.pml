@@ -110,6 +110,7 @@ byte P9_duplicate_text_excluded = (CHECK == 0 || CHECK == 9);
 #define POL_CREDENTIAL 3   /* the credential was rotated or revoked */
 #define POL_CONTRACT 4   /* the platform contract changed */
 #define POL_SOURCE 5   /* the source version is no longer the head */
+#define POL_RATE 6   /* the account's rate window is full */
 
 mtype:state = { pending, authorized, published, failed, indeterminate, parked };
 
@@ -215,8 +216,8 @@ inline ev_begin() {
 }
 
 /* authorize_dispatch (worker): pending -> authorized
-   guards: lease_holder, restore_epoch_current, lease_live, request_digest_matches, kill_switch_off, credential_current, contract_supported, text_window_clear, source_is_head
-   effects: extend_lease, write_descriptor, claim_text_slot
+   guards: lease_holder, restore_epoch_current, lease_live, request_digest_matches, kill_switch_off, credential_current, contract_supported, text_window_clear, source_is_head, rate_limit_clear
+   effects: extend_lease, write_descriptor, claim_text_slot, take_rate_slot
    source: 004 M2 (last checkpoint before bytes), 004 M3 */
 inline ev_authorize_dispatch() {
   d_step {
@@ -230,7 +231,8 @@ inline ev_authorize_dispatch() {
        ((pol != POL_CREDENTIAL)) &&
        ((pol != POL_CONTRACT)) &&
        (txt_other == 0) &&
-       ((pol != POL_SOURCE)) ->
+       ((pol != POL_SOURCE)) &&
+       ((pol != POL_RATE)) ->
        t_from = state; t_lease = lease;
        assert(!P5_stale_generation_never_writes || my_gen == gen);
        /* effect extend_lease */
@@ -241,6 +243,8 @@ inline ev_authorize_dispatch() {
        skip;
        /* effect claim_text_slot */
        txt_ours = 1;
+       /* effect take_rate_slot */
+       skip;
        state = authorized;
        if :: t_from != state -> assert(!P3_unknown_never_resent_by_machine || !tainted || proof); tainted = 0; proof = 0 :: else -> skip fi;
        authed = 1; ingap[w] = 1; grant_live[w] = (t_lease == LIVE);
@@ -770,7 +774,7 @@ proctype worker(byte w) {
 end:
   do
   :: atomic { my_gen == 0 && out == SEND_NONE && !restore_unfenced -> ev_begin(); ok = 0 }
-  :: atomic { my_gen != 0 && !authed && out == SEND_NONE -> if :: pol = POL_OK :: pol = POL_BYTES :: pol = POL_KILL :: pol = POL_CREDENTIAL :: pol = POL_CONTRACT :: pol = POL_SOURCE fi; ev_authorize_dispatch(); if :: !ok -> pol = POL_OK :: else -> skip fi; ok = 0 }
+  :: atomic { my_gen != 0 && !authed && out == SEND_NONE -> if :: pol = POL_OK :: pol = POL_BYTES :: pol = POL_KILL :: pol = POL_CREDENTIAL :: pol = POL_CONTRACT :: pol = POL_SOURCE :: pol = POL_RATE fi; ev_authorize_dispatch(); if :: !ok -> pol = POL_OK :: else -> skip fi; ok = 0 }
   :: atomic { my_gen != 0 && true -> ev_block_at_gate(); ok = 0 }
   :: atomic { my_gen != 0 && out == SEND_OK -> ev_record_success(); ok = 0 }
   :: atomic { my_gen != 0 && out == SEND_OK -> ev_confirm_read_back(); ok = 0 }

@@ -163,6 +163,7 @@ GUARDS: Mapping[str, str] = MappingProxyType(
         "credential_current": "{credential_ok}",
         "contract_supported": "{contract_ok}",
         "source_is_head": "{source_ok}",
+        "rate_limit_clear": "{rate_ok}",
         "text_window_clear": "txt_other == 0",
         "no_remote_object": "rid == 0",
         "plan_unchanged": "(gen == {plan_gen} && rc == {plan_rc} && {plan_rep} == repoch)",
@@ -202,6 +203,9 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
             fi;
             att_open = 0; lease = NONE""",
         "claim_text_slot": "txt_ours = 1",
+        # the rate window's counter: windows and their lengths are not modelled, the worker's `pol`
+        # choice says whether the window is full at the instant of the write (rate_limit_clear)
+        "take_rate_slot": "skip",
         "release_text_slot": "txt_ours = 0",
         "fence_restore": """
             if
@@ -313,6 +317,7 @@ _POLICY = {
     "credential_ok": ("POL_CREDENTIAL", "the credential was rotated or revoked"),
     "contract_ok": ("POL_CONTRACT", "the platform contract changed"),
     "source_ok": ("POL_SOURCE", "the source version is no longer the head"),
+    "rate_ok": ("POL_RATE", "the account's rate window is full"),
 }
 ACTOR_ARGS: Mapping[str, Mapping[str, str]] = MappingProxyType(
     {

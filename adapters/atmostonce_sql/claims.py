@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from atmostonce.claims import CLAIM_FENCING_GUARDS
+from atmostonce.claims import RESERVE_OR_REPLACE, claim_refusal_recorded, pick_reserve_event
 from atmostonce.errors import GuardRefused, IllegalMove, Rejected, UnknownIntent
 from atmostonce.records import Approval, Claim, ClaimEntry, check_limit, check_text
 
@@ -252,8 +252,13 @@ class SqlClaims:
             .on_conflict_do_nothing(index_elements=["target"])
         )
 
-    def _claim_row_before(self, conn, target):
-        return conn.execute(sa.select(claims).where(claims.c.target == target)).mappings().first()
+    def _claim_row_before(self, conn, target, *, lock: bool = False):
+        """The claim row; ``lock``: held until the transaction ends (PostgreSQL ``FOR UPDATE``; SQLite's
+        writer lock already serializes), so a coupled move decides on the row it then moves."""
+        q = sa.select(claims).where(claims.c.target == target)
+        if lock and self.dialect == "postgresql":
+            q = q.with_for_update()
+        return conn.execute(q).mappings().first()
 
     # -- primitives -----------------------------------------------------------------------------
     def _approve(self, args):
@@ -322,13 +327,15 @@ class SqlClaims:
         try:
             with self._tx() as conn:
                 self._ensure_claim_row(conn, target)
-                before = self._claim_row_before(conn, target)
+                before = self._claim_row_before(conn, target, lock=True)
+                if event == RESERVE_OR_REPLACE:  # decided on the locked row, so a concurrent move cannot stale it
+                    event = pick_reserve_event(self.claim_table, before["state"])
                 row = self._aux_step(conn, "claim", event, target, args)
                 actor = self.claim_table.event(event).actor
                 self._aux_history(conn, "claim", target, target, event, actor, before["state"], row, args)
                 return _claim(row)
-        except GuardRefused as exc:
-            if exc.guard in CLAIM_FENCING_GUARDS:
+        except Rejected as exc:
+            if claim_refusal_recorded(exc, args):
                 self._record_claim_refusal(target, exc, args)
             raise
 
@@ -346,12 +353,12 @@ class SqlClaims:
         """The claim (and approval) moves an approval-gated intent's move carries, in its transaction.
         A non-required coupling applies only when the claim is bound to the intent and in a source state."""
         cev_name = ev.couples.get("claim")
-        if cev_name is None:
+        if cev_name is None or not intent_row["requires_approval"]:
             return
         cev = self.claim_table.event(cev_name)
         target, key = intent_row["target"], intent_row["key"]
         required = "claim" in ev.couples_required
-        before = self._claim_row_before(conn, target)
+        before = self._claim_row_before(conn, target, lock=True)
         if before is None and not required:
             return
         if before is None:  # refused below (no claim was ever reserved), and rolled back with the move
@@ -360,10 +367,22 @@ class SqlClaims:
         bound = before["key"] is not None and before["key"] == key
         if not required and (not bound or before["state"] not in cev.sources):
             return
+        if (
+            cev.couples.get("approval") is not None
+            and before["approval_id"] is not None
+            and self.dialect == "postgresql"
+        ):
+            # the approval row too, before the claim's guards read it: a withdrawal or expiry that
+            # commits meanwhile is seen by the next statement, and refuses as approval_usable
+            conn.execute(
+                sa.select(approvals.c.approval_id)
+                .where(approvals.c.approval_id == before["approval_id"])
+                .with_for_update()
+            )
         inputs = dict(args) | {"key": key, "lease_until": intent_row["lease_expires_at"]}
         try:
             row = self._aux_step(conn, "claim", cev_name, target, inputs, coupled=True)
-        except GuardRefused as exc:
+        except Rejected as exc:
             exc.presented = inputs  # type: ignore[attr-defined]
             raise
         actor = f"operator:{args['operator']}" if args.get("operator") else cev.actor
@@ -417,6 +436,7 @@ class SqlClaims:
         return _approval(row)
 
     def approvals(self, key: str) -> list[Approval]:
+        check_text("key", key, max_chars=256)
         q = (
             sa.select(approvals)
             .where(approvals.c.key == key)
@@ -438,6 +458,7 @@ class SqlClaims:
             return [_approval(r) for r in conn.execute(q).mappings()]
 
     def claim_history(self, target: str) -> list[ClaimEntry]:
+        check_text("target", target, max_chars=1024)
         q = sa.select(claim_history).where(claim_history.c.target == target).order_by(claim_history.c.seq)
         with self._tx() as conn:
             return [

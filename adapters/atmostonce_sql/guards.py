@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from .schema import contracts, credentials, kill_switches, meta, sources, text_claims
+from .schema import contracts, credentials, kill_switches, meta, rate_limits, sources, text_claims
 
 __all__ = ["PARAMS", "SQL_GUARDS", "SqlGuard"]
 
@@ -119,6 +119,16 @@ def source_is_head(c, now):
     return sa.or_(c.source_version.is_(None), c.source_version == head)
 
 
+def window_full(r, now):
+    """The account row ``r`` has a running window whose sends reached the limit."""
+    return sa.and_(r.window_start.is_not(None), r.window_start + r.window_seconds > now, r.used >= r.max_sends)
+
+
+def rate_limit_clear(c, now):
+    r = rate_limits.c
+    return ~sa.exists().where(r.account == c.account, window_full(r, now))
+
+
 def no_remote_object(c, now):
     return c.remote_id.is_(None)
 
@@ -164,6 +174,7 @@ SQL_GUARDS: dict[str, SqlGuard] = {
         contract_supported,
         text_window_clear,
         source_is_head,
+        rate_limit_clear,
         no_remote_object,
         plan_unchanged,
         absence_provable,

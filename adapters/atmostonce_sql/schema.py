@@ -13,6 +13,7 @@ __all__ = [
     "APPEND_ONLY_TABLES",
     "CLAIM_HISTORY_TABLES",
     "approvals",
+    "rate_limits",
     "claim_history",
     "claims",
     "contracts",
@@ -290,3 +291,15 @@ claim_history = sa.Table(
 )
 
 CLAIM_HISTORY_TABLES = ("aom_claim_history",)
+
+# Per-account rate limits (issue 6): the policy and its fixed-window counter, moved by a compare-and-set.
+rate_limits = sa.Table(
+    "aom_rate_limits",
+    metadata,
+    sa.Column("account", sa.Text, primary_key=True),
+    sa.Column("max_sends", sa.Integer, nullable=False),
+    sa.Column("window_seconds", sa.Float(53), nullable=False),
+    sa.Column("window_start", sa.Float(53), nullable=True),
+    sa.Column("used", sa.Integer, nullable=False, server_default=sa.text("0")),
+    sa.CheckConstraint("max_sends > 0 AND window_seconds > 0 AND used >= 0", name="aom_rate_limits_sane"),
+)

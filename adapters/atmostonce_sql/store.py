@@ -32,7 +32,7 @@ from atmostonce.audit import (
     history_hash,
     reconciliation_step,
 )
-from atmostonce.claims import CLAIM_FENCING_GUARDS
+from atmostonce.claims import claim_refusal_recorded
 from atmostonce.errors import (
     AppendOnlyViolation,
     GuardRefused,
@@ -59,7 +59,7 @@ from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
 from .claims import SqlClaims
-from .guards import PARAMS, SQL_GUARDS
+from .guards import PARAMS, SQL_GUARDS, window_full
 from .schema import (
     attempt_outcomes,
     attempts,
@@ -69,6 +69,7 @@ from .schema import (
     intents,
     kill_switches,
     meta,
+    rate_limits,
     reconciliations,
     refusals,
     sequences,
@@ -300,6 +301,9 @@ class SqlStore(SqlClaims, Operations):
         where += [SQL_GUARDS[g](c, self._now) for g in ev.guards if g not in self._disabled_guards]
         if ev.couples and not coupled:
             where.append(c.requires_approval.is_(sa.false()))
+        takes_slot = "take_rate_slot" in ev.effects
+        if takes_slot and not coupled:  # an account with a rate limit moves its window row in the same transaction
+            where.append(~sa.exists().where(rate_limits.c.account == c.account))
         values: dict[str, Any] = {
             "state": ev.target,
             "prev_state": c.state,
@@ -314,6 +318,7 @@ class SqlStore(SqlClaims, Operations):
             c.state,
             *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)],
             c.requires_approval,
+            sa.exists().where(rate_limits.c.account == c.account).label("rate_limited_account"),
         ).where(c.key == sa.bindparam("p_key"))
         out: dict[str, Any] = {"update": update, "diagnose": diagnose}
         if self.dialect == "postgresql" and not coupled:
@@ -330,9 +335,10 @@ class SqlStore(SqlClaims, Operations):
         ev = self.table.event(event)
         try:
             return self._apply_statements(ev, key, args)
-        except GuardRefused as exc:
-            if exc.event in self.claim_table.events and exc.guard in CLAIM_FENCING_GUARDS:
-                self._record_claim_refusal(exc.key, exc, getattr(exc, "presented", args))
+        except Rejected as exc:
+            presented = getattr(exc, "presented", args)
+            if exc.event in self.claim_table.events and claim_refusal_recorded(exc, presented):
+                self._record_claim_refusal(exc.key, exc, presented)
             raise
         except StoreError as exc:
             # a concurrent claim of the same text won: the exclusion constraint refused this one, or
@@ -379,9 +385,33 @@ class SqlStore(SqlClaims, Operations):
             if row is None:
                 raise self._diagnose(conn, ev, key, params, coupled=True) or Rejected(ev.name, key, "lost_race", None)
             self._coupled_moves(conn, ev, row, args)
+            if "take_rate_slot" in ev.effects:
+                self._take_rate_slot(conn, ev, row)
             for stmt in stmts["appends"]:
                 conn.execute(stmt, params)
             return self._intent(row)
+
+    def _take_rate_slot(self, conn: Connection, ev, row: Mapping[str, Any]) -> None:
+        """The account's window row, by compare-and-set: a passed window restarts at one, a running one
+        counts one more while it has room (``rate_limit_clear``); the row lock serializes concurrent sends."""
+        r = rate_limits.c
+        if conn.execute(sa.select(r.account).where(r.account == row["account"])).first() is None:
+            return
+        restart = sa.or_(r.window_start.is_(None), r.window_start + r.window_seconds <= self._now)
+        where = [r.account == row["account"]]
+        if "rate_limit_clear" not in self._disabled_guards:
+            where.append(sa.not_(window_full(r, self._now)))
+        moved = conn.execute(
+            sa.update(rate_limits)
+            .where(*where)
+            .values(
+                window_start=sa.case((restart, self._now), else_=r.window_start),
+                used=sa.case((restart, 1), else_=r.used + 1),
+            )
+            .returning(r.account)
+        ).first()
+        if moved is None:
+            raise GuardRefused(ev.name, row["key"], "rate_limit_clear", row["prev_state"])
 
     def _execute_compiled(self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]):
         """Run a cached statement through the driver directly: compiled once by SQLAlchemy (same SQL,
@@ -577,6 +607,8 @@ class SqlStore(SqlClaims, Operations):
             return {"attempt_token": None, "lease_expires_at": None}
         if eff in ("claim_text_slot", "release_text_slot"):
             return {}  # rows of aom_text_claims, written beside the move (see _appends)
+        if eff == "take_rate_slot":
+            return {}  # the account's window row, by compare-and-set in the move's transaction (_take_rate_slot)
         if eff == "count_reconcile":
             return {"reconcile_count": c.reconcile_count + 1}
         if eff == "bump_resend_epoch":
@@ -599,8 +631,8 @@ class SqlStore(SqlClaims, Operations):
         for i, g in enumerate(ev.guards):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
-        if ev.couples and row[-1] and not coupled:
-            return None
+        if not coupled and ((ev.couples and row[-2]) or ("take_rate_slot" in ev.effects and row[-1])):
+            return None  # the move needs its transaction: the claim, or the account's rate window
         return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
 
     def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:
@@ -714,6 +746,31 @@ class SqlStore(SqlClaims, Operations):
     def current_epoch(self) -> int:
         with self._tx() as conn:
             return int(conn.execute(sa.select(meta.c.value).where(meta.c.name == "restore_epoch")).scalar_one())
+
+    def _write_rate_limit(self, account: str, max_sends: int | None, window_seconds: float) -> None:
+        r = rate_limits.c
+        with self._tx() as conn:
+            if max_sends is None:
+                conn.execute(sa.delete(rate_limits).where(r.account == account))
+                return
+            changed = conn.execute(
+                sa.update(rate_limits)
+                .where(r.account == account)
+                .values(max_sends=max_sends, window_seconds=window_seconds)
+                .returning(r.account)
+            ).first()
+            if changed is None:
+                conn.execute(
+                    sa.insert(rate_limits).values(
+                        account=account, max_sends=max_sends, window_seconds=window_seconds, used=0
+                    )
+                )
+
+    def rate_limited(self, account: str) -> bool:
+        r = rate_limits.c
+        q = sa.select(sa.exists().where(r.account == account, window_full(r, self._now)))
+        with self._tx() as conn:
+            return bool(conn.execute(q).scalar_one())
 
     def kill_switch_engaged(self, account: str) -> bool:
         k = kill_switches.c

@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 
 from . import make_engine, normalize_url
 from .migrate import upgrade
-from .schema import approvals, claims, intents, text_claims
+from .schema import approvals, claims, intents, rate_limits, text_claims
 from .store import SqlStore
 
 __all__ = ["PostgresDatabases", "SqliteDatabases", "age_leases"]
@@ -49,6 +49,11 @@ def age_leases(store: SqlStore, seconds: float) -> None:
             .values(lease_expires_at=claims.c.lease_expires_at - float(seconds))
         )
         conn.execute(sa.update(approvals).values(expires_at=approvals.c.expires_at - float(seconds)))
+        conn.execute(
+            sa.update(rate_limits)
+            .where(rate_limits.c.window_start.is_not(None))
+            .values(window_start=rate_limits.c.window_start - float(seconds))
+        )
 
 
 class PostgresDatabases:

@@ -29,7 +29,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
-from .records import Approval, Claim, ClaimEntry, ClaimLease, check_text, validate_lease_seconds
+from .records import (
+    Approval,
+    Claim,
+    ClaimEntry,
+    ClaimLease,
+    check_limit,
+    check_text,
+    person_name,
+    validate_lease_seconds,
+)
 from .table import Table, machine
 
 __all__ = [
@@ -44,8 +53,23 @@ __all__ = [
 SETTLED_DISPOSITIONS = ("done", "retryable")
 """Intent dispositions that settle a send: the object exists (done) or proof nothing was sent (retryable)."""
 
-CLAIM_FENCING_GUARDS = ("claim_owner",)
-"""Claim guards whose refusal is recorded with who presented what (seed 003)."""
+CLAIM_FENCING_GUARDS = ("claim_owner", "bound_to_intent", "source_state")
+"""Refusals recorded with who presented what (seed 003) when the caller presented a claim lease: a stale
+epoch or token, a claim bound to another intent, or a claim that has moved past where the lease was valid."""
+
+
+RESERVE_OR_REPLACE = "<reserve or replace>"
+"""What ``reserve_claim`` asks of an engine: ``replace`` when the claim (read under the move's lock) sits in
+one of ``replace``'s source states, else ``reserve``."""
+
+
+def pick_reserve_event(t: Table, state: str | None) -> str:
+    return "replace" if state is not None and state in t.event("replace").sources else "reserve"
+
+
+def claim_refusal_recorded(exc: Rejected, args: Mapping[str, Any]) -> bool:
+    """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (seed 003)."""
+    return bool(args.get("claim_token")) and exc.guard in CLAIM_FENCING_GUARDS
 
 
 def settled_dispositions(t: Table) -> tuple[str, ...]:
@@ -146,11 +170,17 @@ def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
         raise IntakeError(f"expected a ClaimLease from reserve_claim(), got {type(lease).__name__}")
     return {
         "claim_token": check_text("claim owner token", lease.owner_token, max_chars=128),
-        "claim_epoch": lease.epoch if isinstance(lease.epoch, int) and not isinstance(lease.epoch, bool) else None,
+        "claim_epoch": _epoch(lease.epoch),
         "approval_id": check_text("approval id", lease.approval_id, max_chars=128),
         "owner": check_text("claim owner", lease.owner, max_chars=256),
         "key": check_text("key", lease.key, max_chars=256),
     }
+
+
+def _epoch(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
+        raise IntakeError(f"a claim epoch must be a non-negative 64-bit integer, got {v!r}")
+    return v
 
 
 def claim_args(lease: ClaimLease | None) -> dict[str, Any]:
@@ -210,12 +240,15 @@ class ClaimOperations:
         """
         args = {
             "key": check_text("key", key, max_chars=256),
-            "approver": check_text("approver", approver, allow_blank=True, max_chars=256),
+            "approver": person_name("approver", approver),
             "expires_in": validate_lease_seconds("expires_in", expires_in),
             "request_digest": None if request_digest is None else check_text("request_digest", request_digest),
             "target_version": _version(target_version),
             "approval_id": "apv_" + secrets.token_hex(12),
         }
+        intent = self.find(args["key"])  # type: ignore[attr-defined]
+        if intent is not None and not intent.requires_approval:
+            raise IntakeError("this intent was submitted without an approval requirement: nothing to approve")
         return self._approve(args)
 
     def reserve_claim(
@@ -237,14 +270,10 @@ class ClaimOperations:
             "claim_lease_seconds": validate_lease_seconds("lease_seconds", lease_seconds),
             "new_token": "clm_" + secrets.token_hex(16),
         }
-        target = self.get(args["key"]).target  # type: ignore[attr-defined]
-        current = self.claim(target)
-        event = (
-            "replace"
-            if current is not None and current.state in self.claim_table.event("replace").sources
-            else "reserve"
-        )
-        c = self._claim_move(event, target, args)
+        intent = self.get(args["key"])  # type: ignore[attr-defined]
+        if not intent.requires_approval:
+            raise IntakeError("this intent was submitted without an approval requirement: it takes no claim")
+        c = self._claim_move(RESERVE_OR_REPLACE, intent.target, args)
         assert c.owner_token is not None and c.lease_expires_at is not None and c.key is not None
         return ClaimLease(
             c.target, c.epoch, c.owner_token, args["owner"], c.key, args["approval_id"], c.lease_expires_at
@@ -253,15 +282,20 @@ class ClaimOperations:
     def release_claim(self, lease: ClaimLease) -> Claim:
         """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
         epoch or token, refused (``IllegalMove``) once sending began. Seed 002, 003."""
-        return self._claim_move("release", check_text("target", lease.target), _claim_lease_args(lease))
+        args = _claim_lease_args(lease)  # checks the type first
+        return self._claim_move("release", check_text("target", lease.target, max_chars=1024), args)
 
     def expire_approval(self, approval: Approval) -> Approval:
         """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. Seed 001."""
-        return self._approval_move("expire_approval", approval.approval_id, {})
+        if not isinstance(approval, Approval):
+            raise IntakeError(f"expected an Approval, got {type(approval).__name__}")
+        return self._approval_move(
+            "expire_approval", check_text("approval id", approval.approval_id, max_chars=128), {}
+        )
 
     def withdraw_approval(self, approval_id: str, *, operator: str) -> Approval:
         """An operator withdraws an approval before its send started."""
-        args = {"operator": check_text("operator", operator, allow_blank=True, max_chars=256)}
+        args = {"operator": person_name("operator", operator)}
         return self._approval_move("withdraw_approval", check_text("approval id", approval_id), args)
 
 
@@ -402,12 +436,14 @@ class MemoryClaims:
         with self._lock:  # type: ignore[attr-defined]
             now = self.now()  # type: ignore[attr-defined]
             row = self._claims.get(target) or self._empty_claim(target, now)
+            if event == RESERVE_OR_REPLACE:
+                event = pick_reserve_event(self.claim_table, row["state"])  # type: ignore[attr-defined]
             intent = self._rows.get(args.get("key")) if args.get("key") else None  # type: ignore[attr-defined]
             inputs = self._claim_inputs(args, intent)
             try:
                 new = self._aux_step("claim", event, row, inputs, now)
-            except GuardRefused as exc:
-                if exc.guard in CLAIM_FENCING_GUARDS:
+            except Rejected as exc:
+                if claim_refusal_recorded(exc, args):
                     self._record_claim_refusal(exc, row, args, now)
                 raise
             self._claims[target] = new
@@ -468,9 +504,9 @@ class MemoryClaims:
             return []
         try:
             new = self._aux_step("claim", cev_name, row, inputs, now)
-        except GuardRefused as exc:
-            if exc.guard in CLAIM_FENCING_GUARDS:
-                self._record_claim_refusal(exc, row, args, now)
+        except Rejected as exc:
+            if claim_refusal_recorded(exc, inputs):
+                self._record_claim_refusal(exc, row, inputs, now)
             raise
         moves = [("claim", target, cev_name, row, new, inputs)]
         aev = cev.couples.get("approval")
@@ -499,6 +535,7 @@ class MemoryClaims:
             return None if row is None else _claim(row)
 
     def approval(self, approval_id: str) -> Approval:
+        check_text("approval id", approval_id, max_chars=128)
         with self._lock:  # type: ignore[attr-defined]
             row = self._approvals.get(check_text("approval id", approval_id, max_chars=128))
             if row is None:
@@ -506,11 +543,13 @@ class MemoryClaims:
             return _approval(row)
 
     def approvals(self, key: str) -> list[Approval]:
+        check_text("key", key, max_chars=256)
         with self._lock:  # type: ignore[attr-defined]
             rows = [r for r in self._approvals.values() if r["key"] == key]
             return [_approval(r) for r in sorted(rows, key=lambda r: r["approved_at"])]  # stable: then by arrival
 
     def due_approvals(self, limit: int = 100) -> list[Approval]:
+        check_limit(limit)
         with self._lock:  # type: ignore[attr-defined]
             now = self.now()  # type: ignore[attr-defined]
             live = self.approval_table.initial  # type: ignore[attr-defined]
@@ -519,6 +558,7 @@ class MemoryClaims:
 
     def claim_history(self, target: str) -> list[ClaimEntry]:
         """Every move of ``target``'s claim and of the approvals for it, in store sequence order."""
+        check_text("target", target, max_chars=1024)
         with self._lock:  # type: ignore[attr-defined]
             ids = {a for a, r in self._approvals.items() if r["target"] == target}
             return [

@@ -4,7 +4,7 @@ Each predicate takes ``(row, args, now, world)``: ``row`` the intent's current
 columns (a mapping named like the SQL columns), ``args`` the arguments the
 caller presented, ``now`` the store clock in seconds, ``world`` the store-wide
 state a guard may consult (restore epoch, kill switches, credential and
-contract versions, text slots; see :class:`World`). The SQL store has one
+contract versions, text slots, rate windows; see :class:`World`). The SQL store has one
 fragment per name in ``atmostonce_sql.guards``; a test checks both registries
 cover exactly the table's catalogue.
 """
@@ -29,6 +29,7 @@ class World(Protocol):
     text_claims: list[dict[str, Any]]
     text_window_seconds: float
     source_heads: Mapping[str, str]
+    rate_limits: Mapping[str, Mapping[str, Any]]
 
 
 def no_open_attempt(row, args, now, world) -> bool:
@@ -103,6 +104,16 @@ def source_is_head(row, args, now, world) -> bool:
     return row["source_version"] is None or world.source_heads.get(row["source_id"]) == row["source_version"]
 
 
+def rate_limit_clear(row, args, now, world) -> bool:
+    r = world.rate_limits.get(row["account"])
+    return (
+        r is None
+        or r["window_start"] is None
+        or r["window_start"] + r["window_seconds"] <= now
+        or r["used"] < r["max_sends"]
+    )
+
+
 def no_remote_object(row, args, now, world) -> bool:
     return row["remote_id"] is None
 
@@ -149,6 +160,7 @@ GUARDS: dict[str, GuardFn] = {
         contract_supported,
         text_window_clear,
         source_is_head,
+        rate_limit_clear,
         no_remote_object,
         plan_unchanged,
         absence_provable,

@@ -58,6 +58,22 @@ class _Releaser:
                 c["released"] = True
 
 
+class _RateSlot:
+    """An append target that counts one send in an account's rate window (at commit time)."""
+
+    def __init__(self, limits: dict[str, dict[str, Any]], account: str, now: float):
+        self.limits, self.account, self.now = limits, account, now
+
+    def append(self, _item: Any) -> None:
+        r = self.limits.get(self.account)
+        if r is None:
+            return
+        if r["window_start"] is None or r["window_start"] + r["window_seconds"] <= self.now:
+            r["window_start"], r["used"] = self.now, 1
+        else:
+            r["used"] += 1
+
+
 class _Cell:
     """What the ``transitions`` machine moves: one intent's state."""
 
@@ -124,6 +140,7 @@ class MemoryStore(MemoryClaims, Operations):
             self.credentials: dict[str, str] = {}
             self.contracts: dict[str, str] = {}
             self.text_claims: list[dict[str, Any]] = []
+            self.rate_limits: dict[str, dict[str, Any]] = {}
             self._refusals: list[Refusal] = []
             self.source_heads: dict[str, str] = {}
             self._source_versions: dict[str, dict[str, Any]] = {}
@@ -286,6 +303,9 @@ class MemoryStore(MemoryClaims, Operations):
             }
             appends.append((self.text_claims, claim))
 
+    def _eff_take_rate_slot(self, row, args, now, event, appends):
+        appends.append((_RateSlot(self.rate_limits, row["account"], now), None))
+
     def _eff_release_text_slot(self, row, args, now, event, appends):
         # released at commit time (appends run after every check passed)
         appends.append((_Releaser(self.text_claims, row["key"]), None))
@@ -410,6 +430,20 @@ class MemoryStore(MemoryClaims, Operations):
                 table.pop(name, None)
             else:
                 table[name] = value
+
+    def _write_rate_limit(self, account: str, max_sends: int | None, window_seconds: float) -> None:
+        with self._lock:
+            if max_sends is None:
+                self.rate_limits.pop(account, None)
+                return
+            r = self.rate_limits.setdefault(account, {"window_start": None, "used": 0})
+            r.update(max_sends=max_sends, window_seconds=window_seconds)
+
+    def rate_limited(self, account: str) -> bool:
+        from .guards import rate_limit_clear
+
+        with self._lock:
+            return not rate_limit_clear({"account": account}, {}, self.now(), self)
 
     def kill_switch_engaged(self, account: str) -> bool:
         with self._lock:

@@ -45,6 +45,7 @@ __all__ = [
     "check_json_object",
     "check_limit",
     "check_text",
+    "person_name",
     "prepare_submission",
     "validate_lease_seconds",
 ]
@@ -408,6 +409,13 @@ def check_text(name: str, v: Any, *, allow_blank: bool = False, max_chars: int =
     except UnicodeEncodeError as exc:
         raise IntakeError(f"{name} contains a lone surrogate") from exc
     return v
+
+
+def person_name(what: str, v: Any) -> str:
+    """A person's name (operator, approver) as every store compares it: a whitespace-only name (any
+    Unicode whitespace) becomes ``""``, which the guards refuse. Raises ``IntakeError`` for bad text."""
+    text = check_text(what, v, allow_blank=True, max_chars=256)
+    return text if text.strip() else ""
 
 
 def check_json_object(name: str, v: Any, *, max_bytes: int = MAX_DETAIL_BYTES) -> dict[str, Any]:

@@ -47,6 +47,20 @@ CRASH_POINTS = ("after_begin", "after_work", "after_authorize", "after_send", "a
 """Step boundaries at which a crash hook may kill a dispatch (the worker just stops)."""
 
 
+WAITING_OUTCOMES = frozenset(
+    {
+        "gate.paused",
+        "gate.stale_source",
+        "gate.awaiting_approval",
+        "gate.rate_limited",
+        "claim.busy",
+        "claim.refused",
+        "retract.unsupported",
+    }
+)
+"""Dispatch outcomes that began nothing: a worker that saw only these waits before it polls again."""
+
+
 class SimulatedCrash(Exception):
     """Raised by a crash hook: the worker dies at this point and makes no further store call."""
 
@@ -126,6 +140,8 @@ class Dispatcher:
         before = self.store.get(key)
         if self.store.kill_switch_engaged(before.account):
             return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
+        if self.store.rate_limited(before.account):
+            return "gate.rate_limited"  # the account's window is full: wait for the next one, spend nothing
         if before.source_version is not None and self.store.source_head(before.source_id) != before.source_version:
             return "gate.stale_source"  # the freshness fence: skipped before any expensive work
         if wire_request(before).action != "create" and not self.transport.capabilities.retract:
@@ -133,21 +149,29 @@ class Dispatcher:
         claim = None
         if before.requires_approval:  # seeds 001-002: an approval of these bytes, then the target's claim
             digest = request_digest(wire_request(before).body)
-            live = self.store.approval_table.initial
-            usable = [a for a in self.store.approvals(key) if a.state == live and a.request_digest == digest]
+            live, now = self.store.approval_table.initial, self.store.now()
+            usable = [
+                a
+                for a in self.store.approvals(key)
+                if a.state == live and a.request_digest == digest and a.expires_at > now
+            ]
             if not usable:
                 return "gate.awaiting_approval"
             try:
                 claim = self.store.reserve_claim(
                     key,
-                    approval_id=usable[-1].approval_id,
+                    approval_id=max(usable, key=lambda a: a.expires_at).approval_id,
                     request_digest=digest,
                     owner=self.owner,
                     lease_seconds=self.config.lease_seconds,
                 )
             except Rejected as exc:
                 return "claim.busy" if exc.guard in ("claim_lease_expired", "source_state") else "claim.refused"
-        lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
+        try:
+            lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
+        except Rejected:
+            self._give_back(claim)  # the reservation must not outlive a dispatch that never began
+            raise
         self._point("after_begin")
         intent = self.store.get(key)
         if self.work is not None:
@@ -165,16 +189,19 @@ class Dispatcher:
                 contract_version=getattr(self.transport, "contract_version", None),
                 claim=claim,
             )
-        except GuardRefused as exc:
-            if claim is not None and exc.event in self.store.claim_table.events and exc.guard != "claim_owner":
-                # the approval lapsed or the target moved on since the reservation: nothing was sent;
-                # the intent stays queued (its attempt is settled by the sweeper) and the claim is freed
-                try:
-                    self.store.release_claim(claim)
-                except Rejected:
-                    pass
+        except Rejected as exc:
+            machines = set(self.store.claim_table.events) | set(self.store.approval_table.events)
+            if claim is not None and exc.event in machines and exc.guard != "claim_owner":
+                # the approval lapsed or was withdrawn, or the target moved on, since the reservation:
+                # nothing was sent; the intent stays queued (its attempt is settled by the sweeper)
+                self._give_back(claim)
                 return "claim.refused"
-            if exc.guard not in self.store.table.policy_guards:
+            if exc.guard == "rate_limit_clear":
+                self._give_back(claim)
+                return "gate.rate_limited"  # lost the window's last slot to another send: nothing sent, the
+                # attempt is left to the sweeper (abandon_attempt) and the intent stays queued
+            if not isinstance(exc, GuardRefused) or exc.guard not in self.store.table.policy_guards:
+                self._give_back(claim)
                 raise  # a stale worker: nothing to record, the sweeper settles the lease
             # a policy gate refused at publish time: terminal and human-owned (seed 004, "Recovery")
             self.store.block_at_gate(lease, reason=f"gate.blocked:{exc.guard}")
@@ -196,6 +223,15 @@ class Dispatcher:
         reason = "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
         self._record(reason, lease, reason=reason)
         return reason
+
+    def _give_back(self, claim: Any) -> None:
+        """Release a reservation this dispatch took and will not use (refused if it is no longer ours)."""
+        if claim is None:
+            return
+        try:
+            self.store.release_claim(claim)
+        except Rejected:
+            pass
 
     def _record(self, outcome: str, lease: Lease, **kw: Any) -> Intent:
         """Record ``outcome`` with the event the table maps it to."""
@@ -385,8 +421,9 @@ class Worker(threading.Thread):
                 if self.stop_event.is_set():
                     return
                 try:
-                    self.on_result(key, self.dispatcher.dispatch(key))
-                    did = True
+                    outcome = self.dispatcher.dispatch(key)
+                    self.on_result(key, outcome)
+                    did = did or outcome not in WAITING_OUTCOMES
                 except Rejected as exc:
                     if exc.event == "begin" and exc.guard == "attempts_remaining":
                         self._exhaust(key)  # a pending intent out of attempts parks instead of looping

@@ -34,6 +34,7 @@ from .records import (
     Submission,
     check_json_object,
     check_text,
+    person_name,
     prepare_submission,
     validate_lease_seconds,
 )
@@ -168,7 +169,35 @@ class Operations(ClaimOperations):
             source=source,
             requires_approval=requires_approval,
         )
-        return self._create(sub)[0]
+        if sub.action_kind.startswith(RETRACTION_PREFIX):
+            self._check_retraction(sub)
+        it, created = self._create(sub)
+        if not created and it.requires_approval != sub.requires_approval:
+            raise IntakeError(
+                f"this delivery exists already with requires_approval={it.requires_approval}; "
+                "an approval requirement cannot be added to or dropped from an intent"
+            )
+        return it
+
+    def _check_retraction(self, sub: Submission) -> None:
+        """A retraction names a published intent of the same account and target, its recorded remote id,
+        and a mode that matches its action kind; anything else is refused before it is stored."""
+        r = retraction_of(sub.request)
+        mode = sub.action_kind[len(RETRACTION_PREFIX) :]
+        if r is None or r["mode"] != mode:
+            raise IntakeError("a retract.* intent needs a request made by submit_retraction")
+        orig = self.find(r["retracts"])  # type: ignore[attr-defined]
+        if (
+            orig is None
+            or orig.action_kind.startswith(RETRACTION_PREFIX)
+            or self.table.states[orig.state].disposition != "done"
+            or orig.remote_id is None
+            or orig.remote_id != r.get("remote_id")
+            or (orig.account, orig.target) != (sub.account, sub.target)
+        ):
+            raise IntakeError("a retraction must name a published intent of this account and target and its remote id")
+        if mode == "correct" and not isinstance(r.get("correction"), Mapping):
+            raise IntakeError("a correction needs a 'correction' object")
 
     def submit_retraction(
         self, key: str, *, correction: Mapping[str, Any] | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -190,7 +219,19 @@ class Operations(ClaimOperations):
         request: dict[str, Any] = {"retracts": it.key, "remote_id": it.remote_id, "mode": mode}
         if correction is not None:
             request["correction"] = check_json_object("correction", correction)
-        return self.submit(it.account, RETRACTION_PREFIX + mode, it.target, request, max_attempts=max_attempts)
+            deletion = {"retracts": it.key, "remote_id": it.remote_id, "mode": "delete"}
+            done = self.find(identity.delivery_key(it.account, RETRACTION_PREFIX + "delete", it.target, deletion))  # type: ignore[attr-defined]
+            if done is not None and self.table.states[done.state].disposition == "done":
+                raise IntakeError(f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}")
+        # a correction sends new bytes: it needs the same approval gate as the intent it corrects
+        return self.submit(
+            it.account,
+            RETRACTION_PREFIX + mode,
+            it.target,
+            request,
+            max_attempts=max_attempts,
+            requires_approval=it.requires_approval,
+        )
 
     # -- sources (seed 004, "Recovery is the dangerous half") -----------------------------------
     def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:  # pragma: no cover
@@ -342,6 +383,21 @@ class Operations(ClaimOperations):
             raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}")
         self._write_policy("kill_switches", check_text("scope", scope), bool(engaged))
 
+    def _write_rate_limit(self, account: str, max_sends: int | None, window_seconds: float) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def set_rate_limit(self, account: str, max_sends: int | None, *, window_seconds: float = 60.0) -> None:
+        """At most ``max_sends`` authorized sends for ``account`` per window of ``window_seconds`` (database
+        clock; a fixed window that starts at its first send); ``None`` removes the limit. Every path that
+        sends reads it: the worker before it begins, the before-byte gate (``rate_limit_clear``) in its one
+        conditional write, so a raised cap releases a backlog at the configured rate, not at once
+        (seed 004, "Recovery"). Changing the limit keeps the current window's count. Raises ``IntakeError``."""
+        check_text("account", account)
+        if max_sends is not None:
+            max_sends = _positive(max_sends, "max_sends")
+        secs = validate_lease_seconds("window_seconds", window_seconds)
+        self._write_rate_limit(account, max_sends, secs)
+
     def set_credential_version(self, account: str, version: str | None) -> None:
         """The account's current credential version (``None``: no check for this account)."""
         self._write_policy("credentials", check_text("account", account), _optional_text("version", version))
@@ -376,9 +432,16 @@ class Operations(ClaimOperations):
         return epoch, fenced
 
 
+def _positive(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 10**9:
+        raise IntakeError(f"{name} must be a positive integer, got {v!r}")
+    return v
+
+
 def _operator(v: Any) -> str:
-    """An operator name every store can persist; a blank one is left for the ``operator_identified`` guard."""
-    return check_text("operator", v, allow_blank=True, max_chars=256)
+    """An operator name every store can persist; a blank one (any Unicode whitespace) becomes ``""`` and is
+    left for the ``operator_identified`` guard, so every store refuses it alike."""
+    return person_name("operator", v)
 
 
 def _stale_args(intent: Intent) -> dict[str, Any]:
@@ -428,6 +491,8 @@ class Store(Protocol):
     def due_leases(self, limit: int = 100) -> list[Intent]: ...
     def claimable(self, limit: int = 100) -> list[str]: ...
     def kill_switch_engaged(self, account: str) -> bool: ...
+    def rate_limited(self, account: str) -> bool: ...
+    def set_rate_limit(self, account: str, max_sends: int | None, *, window_seconds: float = ...) -> None: ...
     def current_epoch(self) -> int: ...
     def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None: ...
     def set_credential_version(self, account: str, version: str | None) -> None: ...

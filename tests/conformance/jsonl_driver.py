@@ -148,6 +148,8 @@ class Server:
             return s.set_credential_version(a["account"], a["version"]) or {}
         if op == "set_contract_version":
             return s.set_contract_version(a["platform"], a["version"]) or {}
+        if op == "set_rate_limit":
+            return s.set_rate_limit(a["account"], a["max_sends"], **only(a, "window_seconds")) or {}
         if op == "declare_restore":
             epoch, fenced = s.declare_restore(operator=a["operator"])
             return {"epoch": epoch, "fenced": fenced}

@@ -89,6 +89,7 @@ WORLD_OPS = (
     "set_kill_switch",
     "set_credential_version",
     "set_contract_version",
+    "set_rate_limit",
     "declare_restore",
     "current_epoch",
     "capture_source",
@@ -251,6 +252,9 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
     ),
     "set_credential_version": lambda s, a: _none(s.set_credential_version(a.get("account"), a.get("version"))),
     "set_contract_version": lambda s, a: _none(s.set_contract_version(a.get("platform"), a.get("version"))),
+    "set_rate_limit": lambda s, a: _none(
+        s.set_rate_limit(a.get("account"), a.get("max_sends"), **_opt(a, "window_seconds"))
+    ),
     "declare_restore": lambda s, a: dict(
         zip(("epoch", "fenced"), s.declare_restore(operator=a.get("operator")), strict=True)
     ),

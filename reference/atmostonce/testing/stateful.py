@@ -409,6 +409,11 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         def change_contract(self, version):
             self.both(lambda st_, i: st_.set_contract_version("none", version))
 
+        @rule(account=st.sampled_from(ACCOUNTS), cap=st.sampled_from([None, 1, 2, 5]), window=st.sampled_from([10, 60]))
+        def change_rate_limit(self, account, cap, window):
+            """Lower, raise or lift an account's rate limit (issue 6: cap changes)."""
+            self.both(lambda st_, i: st_.set_rate_limit(account, cap, window_seconds=window))
+
         @precondition(lambda self: self.keys)
         @rule()
         def declare_restore(self):
