@@ -36,6 +36,7 @@ TARGETED = [
     "tests/test_adversarial.py",
     "tests/test_policy_gate.py",
     "tests/test_sources.py",
+    "tests/test_rate_limits.py",
 ]
 SUITES = {
     "model": (TARGETED, "memory", ["tests/test_model_stateful.py"]),

@@ -314,13 +314,14 @@ class SqlStore(SqlClaims, Operations):
         for eff in ev.effects:
             values.update(self._effect_values(eff))
         update = sa.update(intents).where(*where).values(**values).returning(*intents.c, _store_epoch())
+        checked = [g for g in ev.guards if g not in self._disabled_guards]  # what this statement evaluates
         diagnose = sa.select(
             c.state,
-            *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(ev.guards)],
+            *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
             c.requires_approval,
             sa.exists().where(rate_limits.c.account == c.account).label("rate_limited_account"),
         ).where(c.key == sa.bindparam("p_key"))
-        out: dict[str, Any] = {"update": update, "diagnose": diagnose}
+        out: dict[str, Any] = {"update": update, "diagnose": diagnose, "checked": checked}
         if self.dialect == "postgresql" and not coupled:
             upd = update.cte("u")
             appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self._appends(ev, upd))]
@@ -628,7 +629,7 @@ class SqlStore(SqlClaims, Operations):
             return UnknownIntent(ev.name, key, "intent_exists", None)
         if row[0] not in ev.sources:
             return IllegalMove(ev.name, key, "source_state", row[0])
-        for i, g in enumerate(ev.guards):
+        for i, g in enumerate(self._statements(ev)["checked"]):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
         if not coupled and ((ev.couples and row[-2]) or ("take_rate_slot" in ev.effects and row[-1])):
