@@ -206,3 +206,26 @@ def test_retract_queues_a_retraction_of_a_published_intent(capsys, tmp_path):
     assert rc == 2 and "only a published intent" in err
     rc, _, err = run(capsys, "retract", it.key, "--correct", "not json", "--database-url", url)
     assert rc == 2
+
+
+def test_policy_rate_limit_sets_and_clears(capsys, tmp_path):
+    url = f"sqlite:///{tmp_path / 'rl.sqlite3'}"
+    rc, out, _ = run(capsys, "policy", "rate-limit", "acct", "3", "--window", "30", "--database-url", url)
+    assert rc == 0 and "3 sends per 30 s" in out
+    store = open_store(url)
+    try:
+        a, b, c, d = (store.submit("acct", "post", f"r{i}", {"text": f"t{i}"}) for i in range(4))
+        for it in (a, b, c):
+            store.authorize_dispatch(store.begin(it.key), request_digest=it.request_digest)
+        assert store.rate_limited("acct")
+    finally:
+        store.close()
+    rc, out, _ = run(capsys, "policy", "rate-limit", "acct", "--clear", "--database-url", url)
+    assert rc == 0 and "none" in out
+    store = open_store(url)
+    try:
+        assert not store.rate_limited("acct")
+    finally:
+        store.close()
+    rc, _, _ = run(capsys, "policy", "rate-limit", "acct", "0", "--database-url", url)
+    assert rc == 2

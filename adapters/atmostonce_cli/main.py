@@ -359,6 +359,14 @@ def cmd_contract(args) -> int:
     return EXIT_OK
 
 
+def cmd_rate_limit(args) -> int:
+    limit = None if args.clear else args.max_sends
+    _store(args).set_rate_limit(args.account, limit, window_seconds=args.window)
+    text = f"rate limit {args.account}: " + ("none" if limit is None else f"{limit} sends per {args.window:g} s")
+    _emit(args, {"account": args.account, "max_sends": limit, "window_seconds": args.window}, text)
+    return EXIT_OK
+
+
 def cmd_approve(args) -> int:
     store = _store(args)
     a = store.approve(
@@ -573,6 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
     ctg.add_argument("version", nargs="?")
     ctg.add_argument("--clear", action="store_true")
     ct.set_defaults(func=cmd_contract)
+
+    rl = db(pol.add_parser("rate-limit", help="at most N sends per window for an account (database clock)"))
+    rl.add_argument("account")
+    rlg = rl.add_mutually_exclusive_group(required=True)
+    rlg.add_argument("max_sends", nargs="?", type=int)
+    rlg.add_argument("--clear", action="store_true")
+    rl.add_argument("--window", type=float, default=60.0, metavar="SECONDS")
+    rl.set_defaults(func=cmd_rate_limit)
 
     ap = db(sub.add_parser("approve", help="approve an approval-gated intent's exact bytes (a named approver)"))
     ap.add_argument("key")
