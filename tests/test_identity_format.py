@@ -132,3 +132,35 @@ def test_visible_text_handles_nested_skipped_tags_and_stray_end_tags():
 
 def test_visible_text_decodes_character_references():
     assert visible_text("<p>fish &amp; chips &#8212; &lt;ok&gt;</p>") == "\nfish & chips \u2014 <ok>"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: ident.normalize_text("a\x00b"), "text contains a NUL byte"),
+        (lambda: ident.normalize_text("ab\udc80"), "text contains a lone surrogate at index 2"),
+        (lambda: ident.normalize_text(12), "text must be str, not int"),
+        (lambda: ident.normalize_text("x", version=7), "unknown normalizer version 7"),
+        (lambda: text_digest("x", version=7), "unknown normalizer version 7"),
+        (lambda: canonical_json({"v": float("nan")}), "$.v: NaN and infinities have no canonical JSON form"),
+        (lambda: canonical_json([float("-inf")]), "$[0]: NaN and infinities have no canonical JSON form"),
+    ],
+)
+def test_refusals_say_what_is_wrong_and_where(call, message):
+    with pytest.raises(IdentityError) as e:
+        call()
+    assert str(e.value) == message
+
+
+def test_a_registered_normalizer_checks_its_input_itself():
+    # NORMALIZERS is public (``prepare_submission`` calls every version); each entry refuses what
+    # normalize_text would, when called directly
+    v1 = ident.NORMALIZERS[1]
+    with pytest.raises(IdentityError, match="^text must be str, not bytes$"):
+        v1(b"x")
+    with pytest.raises(IdentityError, match="^text contains a NUL byte$"):
+        v1("\x00")
+
+
+def test_a_lone_carriage_return_becomes_a_line_feed():
+    assert ident.normalize_text("one\rtwo\r\nthree") == "one\ntwo\nthree"
