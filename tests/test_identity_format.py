@@ -164,3 +164,35 @@ def test_a_registered_normalizer_checks_its_input_itself():
 
 def test_a_lone_carriage_return_becomes_a_line_feed():
     assert ident.normalize_text("one\rtwo\r\nthree") == "one\ntwo\nthree"
+
+
+def _deep(n):
+    v: list = []
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({1: "x"}, "$: object keys must be strings, got int"),
+        ({"a": {"b\x00": 1}}, "$.a key contains a NUL byte"),
+        ({"a": ["ok", "no\x00"]}, "$.a[1] contains a NUL byte"),
+        ({"a": [{"s": {1, 2}}]}, "$.a[0].s: set is not JSON-serializable"),
+        ({"f": [1.5, float("inf")]}, "$.f[1]: NaN and infinities have no canonical JSON form"),
+    ],
+)
+def test_canonical_json_refusals_name_the_path_to_the_bad_value(value, message):
+    with pytest.raises(IdentityError) as e:
+        canonical_json(value)
+    assert str(e.value) == message
+
+
+def test_too_deep_and_out_of_range_values_are_refused_with_their_reason():
+    with pytest.raises(IdentityError) as e:
+        canonical_json(_deep(100_000))
+    assert str(e.value) == "value is nested too deeply"
+    with pytest.raises(IdentityError) as e:
+        canonical_json({"n": 2**64})  # RFC 8785 numbers are IEEE doubles; this integer has no exact form
+    assert str(e.value).startswith("no canonical JSON form: ")

@@ -138,3 +138,9 @@ def test_recording_a_kill_after_a_survival_remembers_it(tmp_path):
     res = record([SURVIVED], 1.0, 1, _write_run(tmp_path / "b", {KILLED: 1, SURVIVED: 1}), results)
     assert res["killed_after_surviving"] == [SURVIVED]
     assert [r["scope"] for r in res["runs"]] == [["*"], [SURVIVED]]
+
+
+def test_docs_mutmut_md_is_generated_from_the_recorded_results():
+    from mutation.mutmut_report import DOC
+
+    assert DOC.read_text("utf-8") == render(), "docs/mutmut.md is stale: python -m mutation.mutmut_report --write"
