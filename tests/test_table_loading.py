@@ -53,3 +53,10 @@ def test_with_several_schema_violations_the_first_by_path_is_named():
     raw["initial"] = 7
     with pytest.raises(TableError, match="^table does not match its schema at "):
         parse_table(raw)
+
+
+def test_a_violation_at_the_top_level_is_located_at_the_root():
+    raw = tomllib.loads((spec_dir() / "table.toml").read_text("utf-8"))
+    del raw["name"]
+    with pytest.raises(TableError, match="^table does not match its schema at <root>: 'name' is a required property"):
+        parse_table(raw)
