@@ -165,7 +165,8 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         lines += [
             "",
             f"Not yet run: {remaining} of {totals['mutants']} mutants. At the recorded pace ({pace:.1f} s of wall "
-            f"time per mutant on this 2-core machine, shared, survivors costing the most because they run every "
+            f"time per mutant over the runs above on this shared 2-core machine; optimistic, since re-runs of "
+            f"mutants already killed once are included, and survivors cost the most because they run every "
             f"test that covers them) that is about {remaining * pace / 3600:.0f} hours; run it module by module "
             "with `make mutmut MUTMUT=\"'atmostonce.model.*'\"`, each run is recorded here.",
         ]
