@@ -1,0 +1,104 @@
+"""Run mutmut 3 over ``reference/atmostonce`` and ``adapters/atmostonce_sql/guards.py``.
+
+mutmut 3 names a mutant after its file's path (``atmostonce/identity.py`` becomes module
+``atmostonce.identity``) and its trampoline only switches a mutant on when that name equals the
+function's ``__module__``. In this repository the import name ``atmostonce`` lives in
+``reference/atmostonce``, so mutmut cannot run from the repository root. This script builds a
+staging folder, ``build/mutmut/``, in which every source root appears under its import name (as
+symlinks), with ``pyproject.toml`` (and so ``[tool.mutmut]``) linked from the root; mutmut then
+works in ``build/mutmut/mutants/``, which it puts first on ``sys.path``, ahead of the editable
+install's finder.
+
+    python -m mutation.mutmut_run [--max-children N] [--record] [MUTANT_GLOB ...]   # stage, run, export stats
+    python -m mutation.mutmut_run --stage-only                            # just build build/mutmut/
+
+It leaves ``build/mutmut/mutants/mutmut-cicd-stats.json`` and the per-file ``.meta`` results for
+``mutation.mutmut_check`` (survivors against ``mutation/mutmut_explained.json``) and
+``mutation.mutmut_report`` (``docs/mutmut.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGE = ROOT / "build" / "mutmut"
+
+# name in the staging folder -> path in the repository
+LINKS = {
+    "pyproject.toml": "pyproject.toml",
+    "atmostonce": "reference/atmostonce",
+    "atmostonce_sql": "adapters/atmostonce_sql",
+    "tests": "tests",
+    # read by tests through paths relative to the repository root (copied into mutants/ by also_copy)
+    "spec": "spec",
+    "docs": "docs",
+    "reference": "reference",
+    "adapters": "adapters",
+    "mutation": "mutation",
+}
+
+
+def stage(stage_dir: Path = STAGE) -> Path:
+    """Create (or refresh) the staging folder; returns it."""
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    for name, target in LINKS.items():
+        link = stage_dir / name
+        want = os.path.relpath(ROOT / target, stage_dir)
+        if link.is_symlink() and os.readlink(link) == want:
+            continue
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        elif link.exists():
+            shutil.rmtree(link)
+        link.symlink_to(want)
+    return stage_dir
+
+
+def mutmut_bin() -> str:
+    here = Path(sys.executable).parent / "mutmut"
+    return str(here) if here.exists() else "mutmut"
+
+
+def run(names: list[str], max_children: int, *, record: bool = False, stage_dir: Path = STAGE) -> int:
+    stage(stage_dir)
+    env = dict(os.environ)
+    # mutated modules are large; without their bytecode cache every worker compiles them again
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    started = time.monotonic()
+    cmd = [mutmut_bin(), "run", "--max-children", str(max_children), *names]
+    print("+ (cd", stage_dir.relative_to(ROOT), "&&", "mutmut", " ".join(cmd[1:]) + ")", flush=True)
+    rc = subprocess.call(cmd, cwd=stage_dir, env=env)
+    elapsed = time.monotonic() - started
+    print(f"mutmut run exited {rc} after {elapsed:.0f}s", flush=True)
+    if rc != 0:
+        return rc
+    rc = subprocess.call([mutmut_bin(), "export-cicd-stats"], cwd=stage_dir, env=env)
+    if rc == 0 and record:
+        from mutation.mutmut_report import record as record_results
+
+        record_results(list(names), elapsed, max_children, stage_dir / "mutants")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mutation.mutmut_run")
+    ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (the machine is shared)")
+    ap.add_argument("--stage-only", action="store_true")
+    ap.add_argument("--record", action="store_true", help="merge the results into mutation/mutmut_results.json")
+    ap.add_argument("names", nargs="*", help="mutant names or globs, e.g. 'atmostonce.identity.*'")
+    a = ap.parse_args(argv)
+    if a.stage_only:
+        print(stage())
+        return 0
+    return run(a.names, a.max_children, record=a.record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

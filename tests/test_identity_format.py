@@ -1,0 +1,198 @@
+"""The identities' exact construction, the error messages that name the bad part, and HTML visible text.
+
+A delivery key, source version or claim id is stored in every database and compared across releases and
+implementations (the conformance cases), so its construction is a format: SHA-256 of the RFC 8785 bytes
+of ``[domain tag, normalizer version, *parts]`` (the module docstring of atmostonce.identity). These tests
+rebuild each identity from that definition with ``hashlib`` and ``rfc8785`` directly, independently of
+the helpers under test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import pytest
+import rfc8785
+
+import atmostonce.identity as ident
+from atmostonce.identity import (
+    IdentityError,
+    attempt_token,
+    canonical_json,
+    claim_id,
+    delivery_key,
+    load_canonical,
+    source_version,
+    text_digest,
+    visible_text,
+)
+
+
+def _sha(parts) -> str:
+    return hashlib.sha256(rfc8785.dumps(parts)).hexdigest()
+
+
+def test_delivery_key_is_the_digest_of_the_tagged_tuple_with_normalized_strings():
+    projection = {"text": "caf\u0065\u0301  ", "tags": ["x\r\ny", 3], "n": None}
+    normalized = {"text": "caf\u00e9", "tags": ["x\ny", 3], "n": None}
+    want = _sha(["atmostonce/delivery-key", 1, "acct", "post", "room", normalized])
+    assert delivery_key("acct", "post", "room", projection) == want
+
+
+def test_source_version_claim_id_and_text_digest_follow_the_same_construction():
+    sv = source_version("https://x/1", "Body\u00a0text \r\n")
+    assert sv == _sha(["atmostonce/source-version", 1, "https://x/1", "Body text"])
+    assert claim_id(sv, {"c": ["a  b", "c"]}) == _sha(["atmostonce/claim", 1, sv, {"c": ["a b", "c"]}])
+    assert text_digest(" Hi\u200b there ") == _sha(["atmostonce/text", 1, "Hi there"])
+
+
+def test_the_domain_tag_keeps_identities_of_different_kinds_apart():
+    sv = source_version("s", "same")
+    assert text_digest("same") != sv
+    assert claim_id(sv, "same") != claim_id(source_version("s", "other"), "same")
+
+
+@pytest.fixture
+def normalizer_v2(monkeypatch):
+    """A future normalizer beside v1 (v1 plus case folding); v1 stays the default."""
+    monkeypatch.setitem(ident.NORMALIZERS, 2, lambda t: ident._normalize_v1(t).casefold())
+
+
+def test_an_explicit_normalizer_version_reaches_every_string_inside_a_projection(normalizer_v2):
+    projection = {"outer": "ABC", "list": ["DEF", {"deep": "GHI"}]}
+    folded = {"outer": "abc", "list": ["def", {"deep": "ghi"}]}
+    assert delivery_key("a", "post", "t", projection, version=2) == _sha(
+        ["atmostonce/delivery-key", 2, "a", "post", "t", folded]
+    )
+    assert claim_id("sv", ["X", ["Y"]], version=2) == _sha(["atmostonce/claim", 2, "sv", ["x", ["y"]]])
+
+
+def test_text_digest_and_source_version_use_the_version_they_are_given(normalizer_v2):
+    assert text_digest("AbC", version=2) == _sha(["atmostonce/text", 2, "abc"])
+    assert source_version("s", "AbC", version=2) == _sha(["atmostonce/source-version", 2, "s", "abc"])
+    assert text_digest("AbC") == _sha(["atmostonce/text", 1, "AbC"])
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: delivery_key(" ", "post", "t", {}), "account"),
+        (lambda: delivery_key("a", "", "t", {}), "action_kind"),
+        (lambda: delivery_key("a", "post", "\t", {}), "target"),
+        (lambda: source_version("", "body"), "source_id"),
+        (lambda: claim_id("", {}), "source version"),
+    ],
+)
+def test_an_empty_part_is_refused_with_its_name(call, name):
+    with pytest.raises(IdentityError, match=f"^{name} must be a non-empty string$"):
+        call()
+
+
+def test_a_nul_byte_in_a_part_is_refused_naming_the_part():
+    with pytest.raises(IdentityError, match="^source_id contains a NUL byte$"):
+        source_version("s\x00", "body")
+
+
+def test_canonical_json_round_trips_integers_as_integers():
+    for value in (0, 7, -3, 2**53 - 1):
+        back = load_canonical(canonical_json({"n": value}))["n"]
+        assert back == value and type(back) is int
+
+
+def test_a_float_at_or_beyond_two_to_the_53_round_trips_as_a_float():
+    # RFC 8785 writes 2**53 as a float without an exponent ("9007199254740992"); it must come back a float,
+    # the value it was made from, not an integer the canonicalizer would refuse
+    for value in (float(2**53), -float(2**53), 1e16):
+        raw = canonical_json([value])
+        assert json.loads(raw) == [int(value)]  # the bytes carry no decimal point
+        back = load_canonical(raw)[0]
+        assert back == value and type(back) is float
+
+
+def test_attempt_tokens_are_128_bits_of_hex():
+    token = attempt_token()
+    assert re.fullmatch(r"[0-9a-f]{32}", token)
+
+
+def test_visible_text_drops_script_style_head_and_keeps_paragraph_breaks():
+    html = (
+        "<html><head><title>Tab title</title><style>p{}</style></head><body>"
+        "<script>var t=1</script><p>first</p><div>second</div><noscript>x</noscript>"
+        "<template><b>t</b></template>third</body></html>"
+    )
+    assert visible_text(html) == "\nfirst\nsecondthird"
+
+
+def test_visible_text_handles_nested_skipped_tags_and_stray_end_tags():
+    assert visible_text("</script>a<script><style>x</style>y</script>b") == "ab"
+    assert visible_text("<li>one<li>two<br>three<h1>h</h1><h2>i</h2><h3>j</h3><tr>k") == "\none\ntwo\nthree\nh\ni\nj\nk"
+
+
+def test_visible_text_decodes_character_references():
+    assert visible_text("<p>fish &amp; chips &#8212; &lt;ok&gt;</p>") == "\nfish & chips \u2014 <ok>"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: ident.normalize_text("a\x00b"), "text contains a NUL byte"),
+        (lambda: ident.normalize_text("ab\udc80"), "text contains a lone surrogate at index 2"),
+        (lambda: ident.normalize_text(12), "text must be str, not int"),
+        (lambda: ident.normalize_text("x", version=7), "unknown normalizer version 7"),
+        (lambda: text_digest("x", version=7), "unknown normalizer version 7"),
+        (lambda: canonical_json({"v": float("nan")}), "$.v: NaN and infinities have no canonical JSON form"),
+        (lambda: canonical_json([float("-inf")]), "$[0]: NaN and infinities have no canonical JSON form"),
+    ],
+)
+def test_refusals_say_what_is_wrong_and_where(call, message):
+    with pytest.raises(IdentityError) as e:
+        call()
+    assert str(e.value) == message
+
+
+def test_a_registered_normalizer_checks_its_input_itself():
+    # NORMALIZERS is public (``prepare_submission`` calls every version); each entry refuses what
+    # normalize_text would, when called directly
+    v1 = ident.NORMALIZERS[1]
+    with pytest.raises(IdentityError, match="^text must be str, not bytes$"):
+        v1(b"x")
+    with pytest.raises(IdentityError, match="^text contains a NUL byte$"):
+        v1("\x00")
+
+
+def test_a_lone_carriage_return_becomes_a_line_feed():
+    assert ident.normalize_text("one\rtwo\r\nthree") == "one\ntwo\nthree"
+
+
+def _deep(n):
+    v: list = []
+    for _ in range(n):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({1: "x"}, "$: object keys must be strings, got int"),
+        ({"a": {"b\x00": 1}}, "$.a key contains a NUL byte"),
+        ({"a": ["ok", "no\x00"]}, "$.a[1] contains a NUL byte"),
+        ({"a": [{"s": {1, 2}}]}, "$.a[0].s: set is not JSON-serializable"),
+        ({"f": [1.5, float("inf")]}, "$.f[1]: NaN and infinities have no canonical JSON form"),
+    ],
+)
+def test_canonical_json_refusals_name_the_path_to_the_bad_value(value, message):
+    with pytest.raises(IdentityError) as e:
+        canonical_json(value)
+    assert str(e.value) == message
+
+
+def test_too_deep_and_out_of_range_values_are_refused_with_their_reason():
+    with pytest.raises(IdentityError) as e:
+        canonical_json(_deep(100_000))
+    assert str(e.value) == "value is nested too deeply"
+    with pytest.raises(IdentityError) as e:
+        canonical_json({"n": 2**64})  # RFC 8785 numbers are IEEE doubles; this integer has no exact form
+    assert str(e.value).startswith("no canonical JSON form: ")

@@ -1,0 +1,146 @@
+"""The mutmut gate (mutation/mutmut_check.py) fails on an unexplained survivor, and only then.
+
+mutmut 3.8 exits 0 whatever survives, so this checker is what makes a survivor fail CI. These tests
+feed it synthetic ``export-cicd-stats`` JSON and ``.meta`` files in mutmut's own format.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mutation.mutmut_check import check, load_statuses, main, module_of, stale_explanations, status_of
+from mutation.mutmut_report import record, render
+
+KILLED, SURVIVED = "atmostonce.identity.x_claim_id__mutmut_1", "atmostonce.identity.x_claim_id__mutmut_2"
+
+
+def _stats(survived=0, killed=0):
+    return {"killed": killed, "survived": survived, "total": killed + survived, "no_tests": 0, "skipped": 0}
+
+
+def _write_run(tmp_path, codes, stats=None):
+    """A mutants/ folder as mutmut leaves it: one .meta per source file plus the exported stats."""
+    meta = tmp_path / "mutants" / "atmostonce" / "identity.py.meta"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(
+        json.dumps(
+            {
+                "exit_code_by_key": codes,
+                "hash_by_function_name": {},
+                "type_check_error_by_key": {},
+                "durations_by_key": {},
+                "estimated_durations_by_key": {},
+            }
+        )
+    )
+    if stats is None:
+        stats = _stats(
+            survived=sum(1 for c in codes.values() if c == 0), killed=sum(1 for c in codes.values() if c == 1)
+        )
+    (tmp_path / "mutants" / "mutmut-cicd-stats.json").write_text(json.dumps(stats))
+    return tmp_path / "mutants"
+
+
+def _explained(tmp_path, reasons):
+    p = tmp_path / "explained.json"
+    p.write_text(json.dumps({"equivalent": reasons}))
+    return p
+
+
+def test_exit_codes_map_to_mutmuts_statuses():
+    assert status_of(1) == "killed" and status_of(0) == "survived" and status_of(None) == "not checked"
+    assert status_of(-24) == "timeout" and status_of(33) == "no tests"
+    assert status_of(99) == "suspicious"  # unknown codes are not silently a kill
+
+
+def test_module_of_strips_the_mangled_function_and_class():
+    assert module_of(KILLED) == "atmostonce.identity"
+    assert module_of("atmostonce.identity.xǁ_Visibleǁhandle_data__mutmut_2") == "atmostonce.identity"
+    assert module_of("atmostonce_sql.guards.x_p__mutmut_1") == "atmostonce_sql.guards"
+
+
+def test_all_killed_passes():
+    assert check(_stats(killed=2), {KILLED: "killed", SURVIVED: "timeout"}, {}) == []
+
+
+def test_an_unexplained_survivor_fails_and_is_named():
+    problems = check(_stats(survived=1, killed=1), {KILLED: "killed", SURVIVED: "survived"}, {})
+    assert len(problems) == 1 and SURVIVED in problems[0] and "not explained" in problems[0]
+
+
+def test_an_explained_survivor_passes_but_a_blank_reason_does_not():
+    statuses = {KILLED: "killed", SURVIVED: "survived"}
+    assert (
+        check(_stats(survived=1, killed=1), statuses, {SURVIVED: "equivalent: the default is the only version"}) == []
+    )
+    assert check(_stats(survived=1, killed=1), statuses, {SURVIVED: "  "}) != []
+
+
+def test_no_tests_and_suspicious_need_a_reason_too():
+    problems = check(_stats(), {KILLED: "no tests", SURVIVED: "suspicious"}, {})
+    assert len(problems) == 2
+
+
+def test_an_unfinished_run_fails():
+    problems = check(_stats(killed=1), {KILLED: "killed", SURVIVED: "not checked"}, {})
+    assert problems and "not checked" in problems[0]
+
+
+def test_survivors_outside_the_scope_are_not_this_slices_business():
+    statuses = {KILLED: "killed", "atmostonce.model.x_f__mutmut_1": "survived"}
+    assert check(_stats(survived=1, killed=1), statuses, {}, ["atmostonce.identity.*"]) == []
+    assert check(_stats(survived=1, killed=1), statuses, {}, ["atmostonce.model.*"]) != []
+
+
+def test_a_scope_that_matches_nothing_fails():
+    assert check(_stats(killed=1), {KILLED: "killed"}, {}, ["atmostonce.nope.*"]) != []
+
+
+def test_stats_that_disagree_with_the_meta_files_fail():
+    problems = check(_stats(survived=0, killed=2), {KILLED: "killed", SURVIVED: "survived"}, {SURVIVED: "why"})
+    assert problems and "export-cicd-stats" in problems[0]
+
+
+def test_stale_explanations_are_reported():
+    assert stale_explanations({SURVIVED: "killed"}, {SURVIVED: "reason"}) == [SURVIVED]
+
+
+def test_main_reads_mutmuts_files_and_sets_the_exit_code(tmp_path, capsys):
+    mutants = _write_run(tmp_path, {KILLED: 1, SURVIVED: 0})
+    assert load_statuses(mutants) == {KILLED: "killed", SURVIVED: "survived"}
+    none = _explained(tmp_path, {})
+    assert main(["--mutants", str(mutants), "--explained", str(none)]) == 1
+    assert SURVIVED in capsys.readouterr().out
+    why = _explained(tmp_path, {SURVIVED: "equivalent"})
+    assert main(["--mutants", str(mutants), "--explained", str(why)]) == 0
+
+
+def test_main_fails_without_the_exported_stats(tmp_path):
+    mutants = _write_run(tmp_path, {KILLED: 1})
+    (mutants / "mutmut-cicd-stats.json").unlink()
+    assert main(["--mutants", str(mutants), "--explained", str(_explained(tmp_path, {}))]) == 1
+
+
+def test_the_report_lists_every_survivor_with_its_reason(tmp_path):
+    mutants = _write_run(tmp_path, {KILLED: 1, SURVIVED: 0})
+    res = record(["atmostonce.identity.*"], 12.0, 1, mutants, tmp_path / "results.json")
+    assert res["mutants"] == {KILLED: "killed", SURVIVED: "survived"}
+    text = render(res, {})
+    assert f"`{SURVIVED}` | survived | **UNEXPLAINED**" in text
+    assert "| `atmostonce.identity` | 2 | 2 | 1 | 0 | 1 | 0 | 0 | 50.0% |" in text
+    text = render(res, {SURVIVED: "same bytes either way"})
+    assert "same bytes either way" in text and "**UNEXPLAINED**" not in text
+
+
+def test_recording_a_kill_after_a_survival_remembers_it(tmp_path):
+    results = tmp_path / "results.json"
+    record([], 1.0, 1, _write_run(tmp_path / "a", {KILLED: 1, SURVIVED: 0}), results)
+    res = record([SURVIVED], 1.0, 1, _write_run(tmp_path / "b", {KILLED: 1, SURVIVED: 1}), results)
+    assert res["killed_after_surviving"] == [SURVIVED]
+    assert [r["scope"] for r in res["runs"]] == [["*"], [SURVIVED]]
+
+
+def test_docs_mutmut_md_is_generated_from_the_recorded_results():
+    from mutation.mutmut_report import DOC
+
+    assert DOC.read_text("utf-8") == render(), "docs/mutmut.md is stale: python -m mutation.mutmut_report --write"
