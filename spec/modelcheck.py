@@ -66,6 +66,9 @@ CONFIGURATIONS: dict[str, tuple[str, ...]] = {
     # move besides the fence; sends beyond the request slots are not explored (a restore rewinds the
     # attempt count, so the slot bound of the other configurations does not hold here)
     "restore": ("-DRESTORES", "-DOPERATOR_MOVES=1", "-DCUT_AT_BOUND"),
+    # two approval-gated intents sharing one target: its claim row, approvals, the coupling of
+    # intent events to claim events (spec/claim.toml, spec/approval.toml, `couples` in the table)
+    "claims": ("-DCLAIMS",),
 }
 # ablations try the cheaper configurations first
 ABLATION_ORDER = ("text", "main", "restore")
@@ -73,6 +76,8 @@ ABLATION_ORDER = ("text", "main", "restore")
 # restore epoch there, so the ablated model of the other configurations is the model proper):
 # their ablations run in the restore configuration only
 RESTORE_GUARDS = ("restore_epoch_current", "absence_provable")
+# the guards of the claim and approval machines: they exist in the claims configuration only
+CLAIM_MACHINES = ("claim", "approval")
 # the vacuity check (every event fires) runs here: every event can fire in it, and it is cheap
 COVERAGE_CONFIGURATION = "text"
 
@@ -273,7 +278,10 @@ def job_ablation(table, guard: str, workdir: Path) -> Outcome:
     model = promela.generate(table, drop_guard=guard)
     tried = []
     res = None
-    for config in ("restore",) if guard in RESTORE_GUARDS else ABLATION_ORDER:
+    configs = ("restore",) if guard in RESTORE_GUARDS else ABLATION_ORDER
+    if guard in claim_guards():
+        configs = ("claims",)
+    for config in configs:
         flags = tuple(dict.fromkeys((*CONFIGURATIONS[config], "-DCUT_AT_BOUND")))
         res = check_one(f"ablation/{guard}/{config}", model, flags, workdir, full=guard in NOT_CAUGHT)
         tried.append(config)
@@ -346,6 +354,20 @@ def job_broken(table, workdir: Path) -> Outcome:
     if dup.violated != "P1_at_most_one_effect":
         problems.append(f"with only P1 on, expected a duplicate effect, got {dup.violated!r}")
     return Outcome("broken", "retry_on_unknown", not problems, rec, problems)
+
+
+def job_broken_claims(table, workdir: Path) -> Outcome:
+    """The broken claims configuration: recording an unknown outcome frees the target's claim."""
+    broken = promela.broken_claim_freed_on_unknown(table)
+    model = promela.generate(broken, note="BROKEN ON PURPOSE: the claim is freed on an unknown outcome")
+    flags = CONFIGURATIONS["claims"]
+    res = check_one("broken/claim_freed_on_unknown", model, flags, workdir, full=False, bfs=True)
+    rec = _record(res, "claims", flags, trail=True)
+    rec["edge"] = "record_unknown / read_back_failed couple the claim's settle (sending -> free)"
+    problems = []
+    if res.violated != "P11_sending_claim_freed_only_when_settled":
+        problems.append(f"expected P11 to catch the broken coupling, got {res.violated!r}")
+    return Outcome("broken", "claim_freed_on_unknown", not problems, rec, problems)
 
 
 def job_exploration(table, name: str, workdir: Path) -> Outcome:
@@ -499,13 +521,14 @@ def plan(table, *, only: str | None = None, guards: Sequence[str] | None = None)
         long += [lambda wd, n=n: job_configuration(table, n, wd) for n in CONFIGURATIONS]
         long.append(lambda wd: job_coverage(table, wd))
     if only in (None, "ablations"):
-        for g in guards or list(table.guards):
+        for g in guards or all_guards(table):
             (long if g in NOT_CAUGHT else short).append(lambda wd, g=g: job_ablation(table, g, wd))
         if not guards:
             short += [lambda wd, n=n: job_partial_ablation(table, n, wd) for n in PARTIAL_ABLATIONS]
     if only in (None, "broken"):
         short += [lambda wd, n=n: job_exploration(table, n, wd) for n in EXPLORATIONS]
         short.append(lambda wd: job_broken(table, wd))
+        short.append(lambda wd: job_broken_claims(table, wd))
     return long + short
 
 
@@ -513,6 +536,18 @@ def run_jobs(jobs: list[Callable[[Path], Outcome]], workdir: Path, parallel: int
     workdir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
         return list(ex.map(lambda j: j(workdir), jobs))
+
+
+def claim_guards() -> list[str]:
+    """The guards of the claim and approval machines (ablated in the claims configuration)."""
+    from atmostonce.table import machine
+
+    return [g for m in CLAIM_MACHINES for g in machine(m).guards]
+
+
+def all_guards(table) -> list[str]:
+    """Every guard an ablation removes: the intent table's, then the claim and approval machines'."""
+    return [*table.guards, *claim_guards()]
 
 
 def _table():
@@ -550,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = run_jobs(plan(table, only=only, guards=args.guard), args.workdir, args.jobs)
     seconds = time.monotonic() - t0
     kinds = ("configuration", "coverage", "ablation", "partial", "broken", "exploration")
-    names = [*CONFIGURATIONS, *table.guards, *PARTIAL_ABLATIONS, *EXPLORATIONS]
+    names = [*CONFIGURATIONS, *all_guards(table), *PARTIAL_ABLATIONS, *EXPLORATIONS]
     outcomes.sort(key=lambda o: (kinds.index(o.kind), names.index(o.name) if o.name in names else 0))
 
     rc = 0
