@@ -26,6 +26,11 @@ The environment (workers, sweeper, reconciler, operator, store clock, transport,
 another intent sharing the account's text, and, under ``-DRESTORES``, a database restore) is
 fixed text below. Properties are assertions named ``P1_...`` to ``P9_...`` (:data:`PROPERTIES`);
 ``spin -DCHECK=n`` keeps only property ``n``.
+
+Under ``-DCLAIMS`` the file is another model (:func:`generate_claims`): two approval-gated intents
+sharing one target, the target's claim row (``spec/claim.toml``), the approvals
+(``spec/approval.toml``), and every intent event moving the claim as its ``couples`` field says;
+properties ``P10_...`` to ``P14_...`` (:data:`CLAIM_PROPERTIES`).
 """
 
 from __future__ import annotations
@@ -494,8 +499,8 @@ BROKEN_EVIDENCE: Mapping[str, str] = MappingProxyType({"retry_unknown": "true"})
 
 
 def broken_claim_freed_on_unknown(t: Table) -> Table:
-    """The broken claims configuration: the move that records an unknown outcome frees the claim
-    (couples the claim's settling move instead of its move to uncertain)."""
+    """The broken claims configuration: a worker's move from in flight to unknown (the first in the
+    table: read_back_failed) frees the claim (couples the claim's settling move instead of uncertain)."""
     unknown = _one_kind(t, "unknown")
     in_flight = _one_kind(t, "in_flight")
     settle = next(
@@ -503,10 +508,15 @@ def broken_claim_freed_on_unknown(t: Table) -> Table:
         for e in t.events.values()
         if "claim" in e.couples and in_flight in e.sources and t.states[e.target].disposition == "done"
     )
-    events = {
-        n: dataclasses.replace(e, couples=MappingProxyType({"claim": settle}))
+    # the first such move only: the other one keeps the coupling to uncertain, so no claim event
+    # becomes a worker's own uncoupled call
+    first = next(
+        n
+        for n, e in t.events.items()
         if e.actor == "worker" and in_flight in e.sources and e.target == unknown and "claim" in e.couples
-        else e
+    )
+    events = {
+        n: dataclasses.replace(e, couples=MappingProxyType({"claim": settle})) if n == first else e
         for n, e in t.events.items()
     }
     return dataclasses.replace(t, events=MappingProxyType(events))
@@ -621,7 +631,7 @@ def generate(
     claim_t, approval_t = machine("claim"), machine("approval")
     if drop_guard is not None and drop_guard not in {*t.guards, *claim_t.guards, *approval_t.guards}:
         raise GenerationError(f"cannot drop {drop_guard!r}: not in the guard catalogue")
-    claims = generate_claims(t, claim_t, approval_t, drop_guard=drop_guard, bounds=bounds)
+    claims = generate_claims(t, claim_t, approval_t, drop_guard=drop_guard, bounds=bounds, extra_evidence=extra)
     if drop_guard not in t.guards:
         drop_guard = None
     unknown = _one_kind(t, "unknown")
@@ -1231,7 +1241,13 @@ def _validate_claims(t: Table, claim_t: Table, approval_t: Table) -> None:
 
 
 def generate_claims(
-    t: Table, claim_t: Table, approval_t: Table, *, drop_guard: str | None = None, bounds: Bounds = Bounds()
+    t: Table,
+    claim_t: Table,
+    approval_t: Table,
+    *,
+    drop_guard: str | None = None,
+    bounds: Bounds = Bounds(),
+    extra_evidence: Mapping[str, str] | None = None,
 ) -> str:
     """The claims configuration (the text between ``#ifdef CLAIMS`` and ``#else``)."""
     _validate_claims(t, claim_t, approval_t)
@@ -1426,7 +1442,7 @@ def generate_claims(
 
     def worker_evidence(n: str) -> str:
         ev = t.events[n]
-        evid = _evidence(t, ev, {})
+        evid = _evidence(t, ev, dict(extra_evidence or {}))
         if any("lease_tok" in _placeholders(CLAIMS_INTENT_GUARDS[g]) for g in ev.guards):
             evid = f"my_gen != 0 && {evid}"
         if "open_attempt" in ev.effects:
@@ -1448,7 +1464,7 @@ def generate_claims(
     reconciler_alts = intent_alts("reconciler", lambda n: "true")
     operator_alts = []
     for n in by_actor.get("operator", []):
-        evid = _evidence(t, t.events[n], {})
+        evid = _evidence(t, t.events[n], dict(extra_evidence or {}))
         cond = "moves < CLAIMS_OPERATOR_MOVES" + ("" if evid == "true" else f" && {evid}")
         for named in (1, 0):
             operator_alts.append(
