@@ -56,6 +56,874 @@
  *   protocol), unless an identified operator decided to send again.
  */
 
+#ifdef CLAIMS
+/* ==================================================================================== CLAIMS
+ * Configuration `claims` (generated from spec/table.toml, spec/claim.toml, spec/approval.toml).
+ * 2 approval-gated intents share one target: its claim row (free, reserved, sending, uncertain; epoch,
+ * owner token, bound intent and approval, lease) and its version; up to 2 approvals
+ * (approved, consumed, expired, withdrawn), each drafted against the target version current when it was given;
+ * (approval a is for intent ((a - 1) mod 2) + 1); 2 workers that reserve, replace and release the claim with possibly stale claim leases and crash
+ * at any step; the sweeper, the reconciler, one operator move, one draft edit after review, the
+ * database clock (intent leases, claim leases, approval deadlines). Intent events move the claim
+ * as their `couples` field says, in the same atomic step. The intent machine's own guards are
+ * abstracted (CLAIMS_INTENT_GUARDS in spec/promela.py): attempt ownership and leases stay, the
+ * rest is checked by the other configurations.
+ *
+ * Properties:
+ * P10_one_dispatch_per_target:
+ *   At most one intent of the target is in flight (authorized, or with bytes between its
+ *   authorization and its send) at a time, and only under the target's claim: when an intent
+ *   becomes in flight and when its bytes leave, the claim is sending, bound to that intent, held
+ *   by the sender (its epoch and owner token), and the claim lease was live at the authorizing
+ *   write; no other intent of the target is in flight.
+ * P11_sending_claim_freed_only_when_settled:
+ *   A claim that began sending (sending or uncertain) becomes free only together with an intent
+ *   move that lands its intent in a settled state (published, or proved not sent: disposition
+ *   done or retryable), or by an identified person.
+ * P12_dispatch_under_its_approval:
+ *   Every dispatch starts under an approval that a named person gave for this intent and for
+ *   exactly the bytes sent, whose deadline is still ahead, and that has authorized no other
+ *   dispatch.
+ * P13_version_race_loser_sends_nothing:
+ *   No two dispatches of the target start under approvals drafted against the same target
+ *   version: of two approvals drafted in parallel, the loser of the compare-and-set on the
+ *   target version sends nothing.
+ * P14_approvals_end_truthfully:
+ *   An approval leaves its live state only by being consumed by a dispatch, by a machine once
+ *   its deadline has passed (database clock), or by an identified person.
+ */
+
+#ifndef CHECK
+#define CHECK 0
+#endif
+byte P10_one_dispatch_per_target = (CHECK == 0 || CHECK == 10);
+byte P11_sending_claim_freed_only_when_settled = (CHECK == 0 || CHECK == 11);
+byte P12_dispatch_under_its_approval = (CHECK == 0 || CHECK == 12);
+byte P13_version_race_loser_sends_nothing = (CHECK == 0 || CHECK == 13);
+byte P14_approvals_end_truthfully = (CHECK == 0 || CHECK == 14);
+
+#define NOBODY 2
+#define NI 2
+#define NA 2
+#ifndef NT
+#define NT 2
+#endif
+#ifndef NC
+#define NC 2
+#endif
+#ifndef CLAIMS_OPERATOR_MOVES
+#define CLAIMS_OPERATOR_MOVES 1
+#endif
+#define NONE 0
+#define LIVE 1
+#define EXPIRED 2
+#define SEND_NONE 0
+#define SEND_OK 1
+#define SEND_NOT_SENT 2
+#define SEND_UNKNOWN 3
+#define FOUND 1
+#define NOT_FOUND 2
+
+mtype:state = { pending, authorized, published, failed, indeterminate, parked };
+mtype:claim = { free, reserved, sending, uncertain };
+mtype:approval = { approved, consumed, expired, withdrawn };
+
+/* ---- the intents (index 1..NI): state, attempt token, send lease, digest of the current draft */
+mtype:state i_st[NI + 1];
+byte i_tok[NI + 1];
+byte i_dig[NI + 1];
+bit i_gap[NI + 1];          /* ghost: bytes of this intent between its authorization and its send */
+byte tok_seq;
+/* ---- the target's claim row */
+mtype:claim c_st;
+byte c_ep, c_tok, c_key, c_apv, c_lease, tver, ctok_seq;
+bit c_tied;                 /* the claim lease is the bound intent's send lease (extend_claim_lease) */
+/* ---- the approvals (index 1..NA) */
+mtype:approval a_st[NA + 1];
+byte a_key[NA + 1], a_ver[NA + 1], a_dig[NA + 1], a_dl[NA + 1];
+bit a_named[NA + 1];        /* ghost: a named person gave it */
+bit a_used[NA + 1];         /* ghost (P12): it authorized a dispatch */
+byte na;
+byte g_vers;                /* ghost (P13): target versions the dispatched approvals were drafted against */
+bit restore_unfenced;       /* no restore in this configuration */
+
+mtype:state t_from;
+mtype:claim t_cfrom;
+mtype:approval t_afrom;
+byte t_clease;
+bit t_app;
+
+inline cworker_reset() {
+  wk = 0; my_gen = 0; cl_ep = 0; cl_tok = 0; out = SEND_NONE; authed = 0
+}
+
+/* begin (worker): pending -> pending; intent guards: no_open_attempt, attempts_remaining
+   couples: - */
+inline ci_begin() {
+  d_step {
+    
+    if
+    :: (i_st[k] == pending) &&
+       (i_tok[k] == 0) &&
+       (true) ->
+       t_from = i_st[k];
+       /* effect open_attempt */ tok_seq++; i_tok[k] = tok_seq;
+       i_st[k] = pending;
+       my_gen = i_tok[k];
+       printf("MSC: worker %d: begin intent %d (%e -> pending) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* authorize_dispatch (worker): pending -> authorized; intent guards: lease_holder, restore_epoch_current, lease_live, request_digest_matches, kill_switch_off, credential_current, contract_supported, text_window_clear, source_is_head
+   couples: {'claim': 'start_sending'} (required) */
+inline ci_authorize_dispatch() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == pending) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (c_st == reserved) && ((c_key != 0 && c_key == k)) && ((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) && (c_lease == LIVE) && ((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) && ((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) && ((ap != 0 && a_ver[ap] == tver)) && ap != 0 && (a_st[ap] == approved) ->
+       t_from = i_st[k];
+       /* effect extend_lease */ skip;
+       /* effect write_descriptor */ skip;
+       /* effect claim_text_slot */ skip;
+       i_st[k] = authorized;
+       t_cfrom = c_st; t_clease = c_lease;
+       /* effect bump_target_version */ tver++;
+       /* effect extend_claim_lease */ c_lease = LIVE; c_tied = 1;
+       c_st = sending;
+       /* effect mark_used */ skip;
+       a_st[ap] = consumed;
+       assert(!P10_one_dispatch_per_target || (c_st == sending && c_key == k && c_ep == cl_ep && c_tok == cl_tok && t_clease == LIVE && (k == 1 || (i_st[1] != authorized && !i_gap[1])) && (k == 2 || (i_st[2] != authorized && !i_gap[2]))));
+       assert(!P12_dispatch_under_its_approval || (ap != 0 && a_named[ap] && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dl[ap] == LIVE && !a_used[ap]));
+       assert(!P13_version_race_loser_sends_nothing || (ap != 0 && !(g_vers & (1 << a_ver[ap]))));
+       if :: ap != 0 -> a_used[ap] = 1; g_vers = g_vers | (1 << a_ver[ap]) :: else -> skip fi;
+       authed = 1; i_gap[k] = 1;
+       printf("MSC: worker %d: authorize_dispatch intent %d (%e -> authorized) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* block_at_gate (worker): pending -> parked; intent guards: lease_holder, restore_epoch_current
+   couples: {'claim': 'release_with_intent'} */
+inline ci_block_at_gate() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == pending) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) &&
+       (!(c_key == k && (c_st == reserved)) || ((c_st == reserved) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == reserved)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = parked;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+       :: else -> skip
+       fi;
+       cworker_reset();
+       printf("MSC: worker %d: block_at_gate intent %d (%e -> parked) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* record_success (worker): authorized -> authorized; intent guards: lease_holder, restore_epoch_current
+   couples: - */
+inline ci_record_success() {
+  d_step {
+    
+    if
+    :: (i_st[k] == authorized) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) ->
+       t_from = i_st[k];
+       /* effect set_remote_id */ skip;
+       i_st[k] = authorized;
+       printf("MSC: worker %d: record_success intent %d (%e -> authorized) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* confirm_read_back (worker): authorized -> published; intent guards: lease_holder, restore_epoch_current, remote_id_known
+   couples: {'claim': 'settle'} */
+inline ci_confirm_read_back() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == authorized) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) &&
+       (true) &&
+       (!(c_key == k && (c_st == sending)) || ((c_st == sending) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = published;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
+       :: else -> skip
+       fi;
+       cworker_reset();
+       printf("MSC: worker %d: confirm_read_back intent %d (%e -> published) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* read_back_failed (worker): authorized -> indeterminate; intent guards: lease_holder, restore_epoch_current, remote_id_known
+   couples: {'claim': 'mark_uncertain'} */
+inline ci_read_back_failed() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == authorized) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) &&
+       (true) &&
+       (!(c_key == k && (c_st == sending)) || ((c_st == sending) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = indeterminate;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          c_st = uncertain;
+       :: else -> skip
+       fi;
+       cworker_reset();
+       printf("MSC: worker %d: read_back_failed intent %d (%e -> indeterminate) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* record_not_sent (worker): authorized -> failed; intent guards: lease_holder, restore_epoch_current
+   couples: {'claim': 'settle'} */
+inline ci_record_not_sent() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == authorized) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) &&
+       (!(c_key == k && (c_st == sending)) || ((c_st == sending) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       /* effect release_text_slot */ skip;
+       i_st[k] = failed;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
+       :: else -> skip
+       fi;
+       cworker_reset();
+       printf("MSC: worker %d: record_not_sent intent %d (%e -> failed) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* record_unknown (worker): authorized -> indeterminate; intent guards: lease_holder, restore_epoch_current
+   couples: {'claim': 'mark_uncertain'} */
+inline ci_record_unknown() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == authorized) &&
+       ((i_tok[k] != 0 && i_tok[k] == my_gen)) &&
+       (true) &&
+       (!(c_key == k && (c_st == sending)) || ((c_st == sending) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = indeterminate;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          c_st = uncertain;
+       :: else -> skip
+       fi;
+       cworker_reset();
+       printf("MSC: worker %d: record_unknown intent %d (%e -> indeterminate) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* expire_lease (sweeper): authorized -> indeterminate; intent guards: lease_holder, lease_expired
+   couples: {'claim': 'expire_sending'} */
+inline ci_expire_lease() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == authorized) &&
+       ((i_tok[k] != 0 && i_tok[k] == i_tok[k])) &&
+       ((!(c_tied && c_key == k) || c_lease == EXPIRED)) &&
+       (!(c_key == k && (c_st == sending)) || ((c_st == sending) && ((c_key != 0 && c_key == k)) && (c_lease == EXPIRED))) ->
+       if :: (c_key == k && (c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = indeterminate;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          c_st = uncertain;
+       :: else -> skip
+       fi;
+       printf("MSC: sweeper: expire_lease intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* abandon_attempt (sweeper): pending -> pending; intent guards: lease_holder, lease_expired
+   couples: - */
+inline ci_abandon_attempt() {
+  d_step {
+    
+    if
+    :: (i_st[k] == pending) &&
+       ((i_tok[k] != 0 && i_tok[k] == i_tok[k])) &&
+       ((!(c_tied && c_key == k) || c_lease == EXPIRED)) ->
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = pending;
+       printf("MSC: sweeper: abandon_attempt intent %d (%e -> pending) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* reconcile_found (reconciler): indeterminate -> published; intent guards: plan_unchanged
+   couples: {'claim': 'settle_by_evidence'} */
+inline ci_reconcile_found() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == indeterminate) &&
+       (true) &&
+       (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect set_remote_id */ skip;
+       /* effect count_reconcile */ skip;
+       i_st[k] = published;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
+       :: else -> skip
+       fi;
+       printf("MSC: reconciler: reconcile_found intent %d (%e -> published) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* reconcile_not_found (reconciler): indeterminate -> indeterminate; intent guards: plan_unchanged, reconcile_budget_left
+   couples: - */
+inline ci_reconcile_not_found() {
+  d_step {
+    
+    if
+    :: (i_st[k] == indeterminate) &&
+       (true) &&
+       (true) ->
+       t_from = i_st[k];
+       /* effect count_reconcile */ skip;
+       i_st[k] = indeterminate;
+       printf("MSC: reconciler: reconcile_not_found intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* reconcile_absent (reconciler): indeterminate -> failed; intent guards: plan_unchanged, evidence_fenced, no_remote_object, absence_provable
+   couples: {'claim': 'settle_by_evidence'} */
+inline ci_reconcile_absent() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == indeterminate) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (true) &&
+       (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect count_reconcile */ skip;
+       /* effect release_text_slot */ skip;
+       i_st[k] = failed;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
+       :: else -> skip
+       fi;
+       printf("MSC: reconciler: reconcile_absent intent %d (%e -> failed) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* park_unreconcilable (reconciler): indeterminate -> parked; intent guards: plan_unchanged
+   couples: - */
+inline ci_park_unreconcilable() {
+  d_step {
+    
+    if
+    :: (i_st[k] == indeterminate) &&
+       (true) ->
+       t_from = i_st[k];
+       i_st[k] = parked;
+       printf("MSC: reconciler: park_unreconcilable intent %d (%e -> parked) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* retry (worker): failed -> pending; intent guards: attempts_remaining
+   couples: - */
+inline ci_retry() {
+  d_step {
+    
+    if
+    :: (i_st[k] == failed) &&
+       (true) ->
+       t_from = i_st[k];
+       i_st[k] = pending;
+       printf("MSC: worker %d: retry intent %d (%e -> pending) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* exhaust (worker): failed, pending -> parked; intent guards: no_open_attempt, attempts_exhausted
+   couples: - */
+inline ci_exhaust() {
+  d_step {
+    
+    if
+    :: (i_st[k] == failed || i_st[k] == pending) &&
+       (i_tok[k] == 0) &&
+       (true) ->
+       t_from = i_st[k];
+       i_st[k] = parked;
+       printf("MSC: worker %d: exhaust intent %d (%e -> parked) claim %e\n", w, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* park (operator): pending, failed, indeterminate -> parked; intent guards: operator_identified
+   couples: - */
+inline ci_park() {
+  d_step {
+    
+    if
+    :: (i_st[k] == pending || i_st[k] == failed || i_st[k] == indeterminate) &&
+       (op_named) ->
+       t_from = i_st[k];
+       /* effect close_attempt */ i_tok[k] = 0;
+       i_st[k] = parked;
+       printf("MSC: operator (named=%d): park intent %d (%e -> parked) claim %e\n", op_named, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* resolve_published (operator): parked -> published; intent guards: operator_identified
+   couples: {'claim': 'settle_by_operator'} */
+inline ci_resolve_published() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == parked) &&
+       (op_named) &&
+       (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect set_remote_id */ skip;
+       i_st[k] = published;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
+       :: else -> skip
+       fi;
+       printf("MSC: operator (named=%d): resolve_published intent %d (%e -> published) claim %e\n", op_named, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* resolve_not_sent (operator): parked -> failed; intent guards: operator_identified
+   couples: {'claim': 'settle_by_operator'} */
+inline ci_resolve_not_sent() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == parked) &&
+       (op_named) &&
+       (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect grant_attempt */ skip;
+       /* effect release_text_slot */ skip;
+       i_st[k] = failed;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
+       :: else -> skip
+       fi;
+       printf("MSC: operator (named=%d): resolve_not_sent intent %d (%e -> failed) claim %e\n", op_named, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* resend (operator): parked -> pending; intent guards: operator_identified
+   couples: {'claim': 'reopen_by_operator'} */
+inline ci_resend() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == parked) &&
+       (op_named) &&
+       (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect bump_resend_epoch */ skip;
+       /* effect grant_attempt */ skip;
+       i_st[k] = pending;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+          assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
+       :: else -> skip
+       fi;
+       printf("MSC: operator (named=%d): resend intent %d (%e -> pending) claim %e\n", op_named, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* restore_fence (operator): pending, authorized, failed -> indeterminate; intent guards: operator_identified
+   couples: {'claim': 'fence_claim'} */
+inline ci_restore_fence() {
+  d_step {
+    ap = c_apv;
+    if
+    :: (i_st[k] == pending || i_st[k] == authorized || i_st[k] == failed) &&
+       (op_named) &&
+       (!(c_key == k && (c_st == reserved || c_st == sending)) || ((c_st == reserved || c_st == sending) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == reserved || c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
+       t_from = i_st[k];
+       /* effect fence_restore */ i_tok[k] = 0;
+       i_st[k] = indeterminate;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          c_st = uncertain;
+       :: else -> skip
+       fi;
+       printf("MSC: operator (named=%d): restore_fence intent %d (%e -> indeterminate) claim %e\n", op_named, k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
+/* claim reserve (worker): free -> reserved; guards: intent_queued, approval_usable, approval_binds_request, target_version_current */
+inline cc_reserve() {
+  d_step {
+    if
+    :: (c_st == free) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_ver[ap] == tver)) ->
+       t_cfrom = c_st; t_clease = c_lease;
+       /* effect take_claim */ c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0;
+       c_st = reserved;
+       cl_ep = c_ep; cl_tok = c_tok;
+       printf("MSC: worker %d: claim reserve for intent %d approval %d (%e -> reserved) epoch %d\n", w, k, ap, t_cfrom, c_ep);
+       t_cfrom = 0; t_clease = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
+/* claim replace (worker): reserved -> reserved; guards: claim_lease_expired, intent_queued, approval_usable, approval_binds_request, target_version_current */
+inline cc_replace() {
+  d_step {
+    if
+    :: (c_st == reserved) &&(c_lease == EXPIRED) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_ver[ap] == tver)) ->
+       t_cfrom = c_st; t_clease = c_lease;
+       /* effect take_claim */ c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0;
+       c_st = reserved;
+       cl_ep = c_ep; cl_tok = c_tok;
+       printf("MSC: worker %d: claim replace for intent %d approval %d (%e -> reserved) epoch %d\n", w, k, ap, t_cfrom, c_ep);
+       t_cfrom = 0; t_clease = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
+/* claim release (worker): reserved -> free; guards: claim_owner */
+inline cc_release() {
+  d_step {
+    if
+    :: (c_st == reserved) &&((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) ->
+       t_cfrom = c_st; t_clease = c_lease;
+       /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+       c_st = free;
+       cl_ep = 0; cl_tok = 0;
+       printf("MSC: worker %d: claim release for intent %d approval %d (%e -> free) epoch %d\n", w, k, ap, t_cfrom, c_ep);
+       t_cfrom = 0; t_clease = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
+/* approval approve (approver): (creates) -> approved; guards: approver_identified */
+inline ca_approve() {
+  d_step {
+    if
+    :: na < NA && (op_named) ->
+       t_afrom = 0;
+       /* effect record_approval */ na++; ap = na; a_key[ap] = k; a_dig[ap] = i_dig[k]; a_ver[ap] = tver; a_dl[ap] = LIVE; a_named[ap] = op_named;
+       a_st[ap] = approved;
+       printf("MSC: approver: approve approval %d (intent %d, version %d)\n", ap, a_key[ap], a_ver[ap]);
+       t_afrom = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
+/* approval expire_approval (sweeper): approved -> expired; guards: approval_deadline_passed */
+inline ca_expire_approval() {
+  d_step {
+    if
+    :: ap != 0 && (a_st[ap] == approved) && (a_dl[ap] == EXPIRED) ->
+       t_afrom = a_st[ap];
+       a_st[ap] = expired;
+       assert(!P14_approvals_end_truthfully || t_afrom != approved || a_dl[ap] == EXPIRED || 0);
+       printf("MSC: sweeper: expire_approval approval %d (intent %d, version %d)\n", ap, a_key[ap], a_ver[ap]);
+       t_afrom = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
+/* approval withdraw_approval (operator): approved -> withdrawn; guards: withdrawer_identified */
+inline ca_withdraw_approval() {
+  d_step {
+    if
+    :: ap != 0 && (a_st[ap] == approved) && (op_named) ->
+       t_afrom = a_st[ap];
+       a_st[ap] = withdrawn;
+       assert(!P14_approvals_end_truthfully || t_afrom != approved || a_dl[ap] == EXPIRED || op_named);
+       printf("MSC: operator: withdraw_approval approval %d (intent %d, version %d)\n", ap, a_key[ap], a_ver[ap]);
+       t_afrom = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
+/* A dispatch worker: works on one intent at a time (chosen freely), reserves or replaces the
+ * claim with any approval, calls the intent's worker events with the leases it holds (possibly
+ * stale), sends once after an authorization, and may crash at any step (it forgets everything). */
+proctype cworker(byte w) {
+  byte wk, k, ap, my_gen, cl_ep, cl_tok, out;
+  bit authed, ok;
+end:
+  do
+  :: atomic { wk == 0 -> if :: w == 0 -> k = 1 :: else -> if :: k = 1 :: k = 2 fi fi; wk = k }   /* worker 0 works on intent 1 */
+  :: atomic { wk != 0 && tok_seq < NT && my_gen == 0 && out == SEND_NONE && !restore_unfenced && k == wk -> ci_begin(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && !authed && out == SEND_NONE && k == wk -> ci_authorize_dispatch(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && true && k == wk -> ci_block_at_gate(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && out == SEND_OK && k == wk -> ci_record_success(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && out == SEND_OK && k == wk -> ci_confirm_read_back(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && out == SEND_OK && k == wk -> ci_read_back_failed(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && out == SEND_NOT_SENT && k == wk -> ci_record_not_sent(); ok = 0 }
+  :: atomic { wk != 0 && my_gen != 0 && out == SEND_UNKNOWN && k == wk -> ci_record_unknown(); ok = 0 }
+  :: atomic { wk != 0 && true && k == wk -> ci_retry(); ok = 0 }
+  :: atomic { wk != 0 && true && k == wk -> ci_exhaust(); ok = 0 }
+  :: atomic { wk != 0 && na > 0 && ctok_seq < NC && k == wk -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; cc_reserve(); ap = 0; ok = 0 }
+  :: atomic { wk != 0 && na > 0 && ctok_seq < NC && k == wk -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; cc_replace(); ap = 0; ok = 0 }
+  :: atomic { cl_tok != 0 && k == wk -> cc_release(); ok = 0 }
+  :: atomic { authed && k == wk ->
+       assert(!P10_one_dispatch_per_target || (i_st[k] == authorized && c_st == sending && c_key == k
+              && c_ep == cl_ep && c_tok == cl_tok && (k == 1 || (i_st[1] != authorized && !i_gap[1])) && (k == 2 || (i_st[2] != authorized && !i_gap[2]))));
+       authed = 0; i_gap[k] = 0;
+       if
+       :: out = SEND_OK; printf("MSC: worker %d: intent %d's bytes leave: success\n", w, k)
+       :: out = SEND_NOT_SENT; printf("MSC: worker %d: intent %d: not sent\n", w, k)
+       :: out = SEND_UNKNOWN; printf("MSC: worker %d: intent %d's bytes leave: unknown\n", w, k)
+       fi }
+  :: atomic { wk != 0 -> if :: authed -> i_gap[wk] = 0 :: else -> skip fi; cworker_reset(); k = 0 }   /* crash */
+  od
+}
+
+proctype csweeper() {
+  byte k, ap;
+  bit ok;
+end:
+  do
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_expire_lease(); k = 0; ok = 0 }
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_abandon_attempt(); k = 0; ok = 0 }
+  :: atomic { na > 0 -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; ca_expire_approval(); ap = 0; ok = 0 }
+  od
+}
+
+proctype creconciler() {
+  byte k, ap;
+  bit ok;
+end:
+  do
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_found(); k = 0; ok = 0 }
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_not_found(); k = 0; ok = 0 }
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_absent(); k = 0; ok = 0 }
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_park_unreconcilable(); k = 0; ok = 0 }
+  od
+}
+
+proctype coperator() {
+  byte k, ap, moves;
+  bit op_named, ok;
+end:
+  do
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_park(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_park(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_resolve_published(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_resolve_published(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_resolve_not_sent(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_resolve_not_sent(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_resend(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_resend(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES && restore_unfenced -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES && restore_unfenced -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES && na > 0 -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; op_named = 1; ca_withdraw_approval(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ap = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES && na > 0 -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; op_named = 0; ca_withdraw_approval(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ap = 0; ok = 0 }
+  od
+}
+
+/* The approver: up to NA approvals, each of one intent's current draft, named or not. */
+proctype capprover() {
+  byte k, ap;
+  bit op_named, ok;
+end:
+  do
+  :: atomic { na < NA -> k = (na % NI) + 1; op_named = 1; ca_approve(); op_named = 0; k = 0; ok = 0 }
+  :: atomic { na < NA -> k = (na % NI) + 1; op_named = 0; ca_approve(); op_named = 0; k = 0; ok = 0 }
+  od
+}
+
+/* The editor changes one queued draft once, after it may have been approved (new bytes). */
+proctype ceditor() {
+end:
+  atomic { if :: i_st[1] == pending && i_dig[1] == 1 -> i_dig[1] = 2; printf("MSC: editor: the draft of intent 1 changes\n") :: i_st[2] == pending && i_dig[2] == 1 -> i_dig[2] = 2; printf("MSC: editor: the draft of intent 2 changes\n") fi }
+}
+
+/* The database clock: deadlines pass at any moment, except that bytes leave before the send
+ * lease ends (and with it the claim lease it was extended to). */
+proctype cclock() {
+end:
+  do
+  :: d_step { c_lease == LIVE && !(c_tied && i_gap[c_key]) -> c_lease = EXPIRED;
+       printf("MSC: clock: the claim lease passes\n") }
+  :: d_step { a_dl[1] == LIVE -> a_dl[1] = EXPIRED; printf("MSC: clock: approval 1's deadline passes\n") }
+  :: d_step { a_dl[2] == LIVE -> a_dl[2] = EXPIRED; printf("MSC: clock: approval 2's deadline passes\n") }
+  od
+}
+
+init {
+  atomic {
+    i_st[1] = pending; i_dig[1] = 1; i_st[2] = pending; i_dig[2] = 1;
+    c_st = free;
+    run cworker(0); run cworker(1); run csweeper(); run creconciler(); run coperator();
+    run capprover(); run ceditor(); run cclock()
+  }
+}
+
+#else /* not CLAIMS: the intent configurations */
+
 #ifndef CHECK
 #define CHECK 0
 #endif
@@ -939,3 +1807,4 @@ init {
     skip
   }
 }
+#endif

@@ -66,6 +66,9 @@ CONFIGURATIONS: dict[str, tuple[str, ...]] = {
     # move besides the fence; sends beyond the request slots are not explored (a restore rewinds the
     # attempt count, so the slot bound of the other configurations does not hold here)
     "restore": ("-DRESTORES", "-DOPERATOR_MOVES=1", "-DCUT_AT_BOUND"),
+    # two approval-gated intents sharing one target: its claim row, approvals, the coupling of
+    # intent events to claim events (spec/claim.toml, spec/approval.toml, `couples` in the table)
+    "claims": ("-DCLAIMS",),
 }
 # ablations try the cheaper configurations first
 ABLATION_ORDER = ("text", "main", "restore")
@@ -73,6 +76,8 @@ ABLATION_ORDER = ("text", "main", "restore")
 # restore epoch there, so the ablated model of the other configurations is the model proper):
 # their ablations run in the restore configuration only
 RESTORE_GUARDS = ("restore_epoch_current", "absence_provable")
+# the guards of the claim and approval machines: they exist in the claims configuration only
+CLAIM_MACHINES = ("claim", "approval")
 # the vacuity check (every event fires) runs here: every event can fire in it, and it is cheap
 COVERAGE_CONFIGURATION = "text"
 
@@ -88,7 +93,32 @@ EXPLORATIONS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 # guards whose removal cannot show at this abstraction level, with the reason
-NOT_CAUGHT: dict[str, str] = {}
+NOT_CAUGHT: dict[str, str] = {
+    "intent_queued": (
+        "claims configuration: without it a worker reserves (or replaces) the claim for an intent that is "
+        "not queued (in flight, settled or parked). Nothing is sent under such a claim: an intent becomes in "
+        "flight only through authorize_dispatch, whose source state is the queued one and whose required "
+        "coupling start_sending re-checks the claim's owner, lease, approval, bytes and target version. The "
+        "claim only blocks the target until its lease passes and it is replaced: a liveness cost, not a "
+        "safety one. The ablated model stores more states and violates no property."
+    ),
+    "claim_lease_expired": (
+        "claims configuration: on expire_sending it is the same predicate as the intent's lease_expired on the "
+        "coupled expire_lease (start_sending's extend_claim_lease makes the claim lease the intent's send "
+        "lease, so both deadlines pass together, and the intent's guard stays). On replace, removing it lets "
+        "a worker replace a live reservation: the old owner's claim lease is void early, and claim_owner "
+        "refuses its start_sending and its release, so nothing is sent under it (a stolen reservation is a "
+        "fairness cost, not a safety one). The ablated model has exactly the states of the model proper."
+    ),
+    "bound_to_intent": (
+        "claims configuration: on the optional couplings the binding is the coupling's own applicability "
+        "condition (claims.py _coupled applies a coupled claim move only to a claim bound to the intent), so "
+        "removing the guard changes nothing there; on the required coupling start_sending, claim_owner "
+        "already ties the caller to the claim (the owner token is minted by take_claim together with the "
+        "binding, and drop_claim clears both) and approval_binds_request ties the claim's approval to the "
+        "intent. Defence in depth: no property can see it at this level."
+    ),
+}
 
 # partial ablations, to show that each placement and each clause of a guard matters: a guard removed
 # from some events only ("keep": the events it stays on), or one clause of its Promela translation
@@ -170,7 +200,7 @@ def parse_pan(report: str) -> PanResult:
     assertion = m.group(1).strip() if m else None
     violated = None
     if assertion:
-        names = re.findall(r"\b(P\d_\w+|BOUND_\w+)", assertion)
+        names = re.findall(r"\b(P\d+_\w+|BOUND_\w+)", assertion)
         violated = names[0] if names else assertion
     elif "invalid end state" in report and "errors: 0" not in report:
         violated = "invalid end state"
@@ -273,7 +303,10 @@ def job_ablation(table, guard: str, workdir: Path) -> Outcome:
     model = promela.generate(table, drop_guard=guard)
     tried = []
     res = None
-    for config in ("restore",) if guard in RESTORE_GUARDS else ABLATION_ORDER:
+    configs = ("restore",) if guard in RESTORE_GUARDS else ABLATION_ORDER
+    if guard in claim_guards():
+        configs = ("claims",)
+    for config in configs:
         flags = tuple(dict.fromkeys((*CONFIGURATIONS[config], "-DCUT_AT_BOUND")))
         res = check_one(f"ablation/{guard}/{config}", model, flags, workdir, full=guard in NOT_CAUGHT)
         tried.append(config)
@@ -346,6 +379,20 @@ def job_broken(table, workdir: Path) -> Outcome:
     if dup.violated != "P1_at_most_one_effect":
         problems.append(f"with only P1 on, expected a duplicate effect, got {dup.violated!r}")
     return Outcome("broken", "retry_on_unknown", not problems, rec, problems)
+
+
+def job_broken_claims(table, workdir: Path) -> Outcome:
+    """The broken claims configuration: recording an unknown outcome frees the target's claim."""
+    broken = promela.broken_claim_freed_on_unknown(table)
+    model = promela.generate(broken, note="BROKEN ON PURPOSE: the claim is freed on an unknown outcome")
+    flags = CONFIGURATIONS["claims"]
+    res = check_one("broken/claim_freed_on_unknown", model, flags, workdir, full=False, bfs=True)
+    rec = _record(res, "claims", flags, trail=True)
+    rec["edge"] = "read_back_failed (authorized -> indeterminate) couples the claim's settle (sending -> free)"
+    problems = []
+    if res.violated != "P11_sending_claim_freed_only_when_settled":
+        problems.append(f"expected P11 to catch the broken coupling, got {res.violated!r}")
+    return Outcome("broken", "claim_freed_on_unknown", not problems, rec, problems)
 
 
 def job_exploration(table, name: str, workdir: Path) -> Outcome:
@@ -499,13 +546,14 @@ def plan(table, *, only: str | None = None, guards: Sequence[str] | None = None)
         long += [lambda wd, n=n: job_configuration(table, n, wd) for n in CONFIGURATIONS]
         long.append(lambda wd: job_coverage(table, wd))
     if only in (None, "ablations"):
-        for g in guards or list(table.guards):
+        for g in guards or all_guards(table):
             (long if g in NOT_CAUGHT else short).append(lambda wd, g=g: job_ablation(table, g, wd))
         if not guards:
             short += [lambda wd, n=n: job_partial_ablation(table, n, wd) for n in PARTIAL_ABLATIONS]
     if only in (None, "broken"):
         short += [lambda wd, n=n: job_exploration(table, n, wd) for n in EXPLORATIONS]
         short.append(lambda wd: job_broken(table, wd))
+        short.append(lambda wd: job_broken_claims(table, wd))
     return long + short
 
 
@@ -513,6 +561,18 @@ def run_jobs(jobs: list[Callable[[Path], Outcome]], workdir: Path, parallel: int
     workdir.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as ex:
         return list(ex.map(lambda j: j(workdir), jobs))
+
+
+def claim_guards() -> list[str]:
+    """The guards of the claim and approval machines (ablated in the claims configuration)."""
+    from atmostonce.table import machine
+
+    return [g for m in CLAIM_MACHINES for g in machine(m).guards]
+
+
+def all_guards(table) -> list[str]:
+    """Every guard an ablation removes: the intent table's, then the claim and approval machines'."""
+    return [*table.guards, *claim_guards()]
 
 
 def _table():
@@ -550,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = run_jobs(plan(table, only=only, guards=args.guard), args.workdir, args.jobs)
     seconds = time.monotonic() - t0
     kinds = ("configuration", "coverage", "ablation", "partial", "broken", "exploration")
-    names = [*CONFIGURATIONS, *table.guards, *PARTIAL_ABLATIONS, *EXPLORATIONS]
+    names = [*CONFIGURATIONS, *all_guards(table), *PARTIAL_ABLATIONS, *EXPLORATIONS]
     outcomes.sort(key=lambda o: (kinds.index(o.kind), names.index(o.name) if o.name in names else 0))
 
     rc = 0

@@ -26,6 +26,11 @@ The environment (workers, sweeper, reconciler, operator, store clock, transport,
 another intent sharing the account's text, and, under ``-DRESTORES``, a database restore) is
 fixed text below. Properties are assertions named ``P1_...`` to ``P9_...`` (:data:`PROPERTIES`);
 ``spin -DCHECK=n`` keeps only property ``n``.
+
+Under ``-DCLAIMS`` the file is another model (:func:`generate_claims`): two approval-gated intents
+sharing one target, the target's claim row (``spec/claim.toml``), the approvals
+(``spec/approval.toml``), and every intent event moving the claim as its ``couples`` field says;
+properties ``P10_...`` to ``P14_...`` (:data:`CLAIM_PROPERTIES`).
 """
 
 from __future__ import annotations
@@ -39,12 +44,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-from atmostonce.table import Event, Table, load_table
+from atmostonce.table import Event, Table, load_table, machine
 
 __all__ = [
     "ACTION_EVIDENCE",
     "ACTOR_ARGS",
     "BROKEN_EVIDENCE",
+    "CLAIM_EFFECTS_PML",
+    "CLAIM_GUARDS_PML",
+    "CLAIM_PROPERTIES",
+    "CLAIMS_ACTOR_ARGS",
+    "CLAIMS_INTENT_EFFECTS",
+    "CLAIMS_INTENT_GUARDS",
     "EFFECTS",
     "GUARDS",
     "MODEL_PATH",
@@ -53,9 +64,11 @@ __all__ = [
     "PROPERTIES",
     "Bounds",
     "GenerationError",
+    "broken_claim_freed_on_unknown",
     "broken_retry_on_unknown",
     "default_model",
     "generate",
+    "generate_claims",
     "main",
 ]
 
@@ -85,7 +98,7 @@ class Bounds:
 
 
 # --------------------------------------------------------------------------------------- properties
-PROPERTIES: Mapping[str, str] = MappingProxyType(
+_INTENT_PROPERTIES: Mapping[str, str] = MappingProxyType(
     {
         "P1_at_most_one_effect": (
             "The platform holds at most one effect for the delivery key. Every request that lands "
@@ -490,6 +503,30 @@ def broken_retry_on_unknown(t: Table) -> Table:
 BROKEN_EVIDENCE: Mapping[str, str] = MappingProxyType({"retry_unknown": "true"})
 
 
+def broken_claim_freed_on_unknown(t: Table) -> Table:
+    """The broken claims configuration: a worker's move from in flight to unknown (the first in the
+    table: read_back_failed) frees the claim (couples the claim's settling move instead of uncertain)."""
+    unknown = _one_kind(t, "unknown")
+    in_flight = _one_kind(t, "in_flight")
+    settle = next(
+        e.couples["claim"]
+        for e in t.events.values()
+        if "claim" in e.couples and in_flight in e.sources and t.states[e.target].disposition == "done"
+    )
+    # the first such move only: the other one keeps the coupling to uncertain, so no claim event
+    # becomes a worker's own uncoupled call
+    first = next(
+        n
+        for n, e in t.events.items()
+        if e.actor == "worker" and in_flight in e.sources and e.target == unknown and "claim" in e.couples
+    )
+    events = {
+        n: dataclasses.replace(e, couples=MappingProxyType({"claim": settle})) if n == first else e
+        for n, e in t.events.items()
+    }
+    return dataclasses.replace(t, events=MappingProxyType(events))
+
+
 # ------------------------------------------------------------------------------------ generate
 def _event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: int, seq: str = "d_step") -> str:
     human_actor = t.actors[ev.actor].human
@@ -596,8 +633,12 @@ def generate(
     """
     extra = dict(extra_evidence or {})
     _validate(t)
-    if drop_guard is not None and drop_guard not in t.guards:
+    claim_t, approval_t = machine("claim"), machine("approval")
+    if drop_guard is not None and drop_guard not in {*t.guards, *claim_t.guards, *approval_t.guards}:
         raise GenerationError(f"cannot drop {drop_guard!r}: not in the guard catalogue")
+    claims = generate_claims(t, claim_t, approval_t, drop_guard=drop_guard, bounds=bounds, extra_evidence=extra)
+    if drop_guard not in t.guards:
+        drop_guard = None
     unknown = _one_kind(t, "unknown")
     in_flight = _one_kind(t, "in_flight")
     creators = [e for e in t.events.values() if e.creates]
@@ -676,9 +717,11 @@ def generate(
     take_backup = " ".join(f"b_{name} = {name};" for name, _ in rewound)
     do_restore = " ".join(f"{name} = b_{name};" for name, _ in rewound)
     clear_backup = " ".join(f"b_{name} = 0;" for name, _ in rewound)
-    props = "\n".join(f"byte {name} = (CHECK == 0 || CHECK == {i});" for i, name in enumerate(PROPERTIES, start=1))
+    props = "\n".join(
+        f"byte {name} = (CHECK == 0 || CHECK == {i});" for i, name in enumerate(_INTENT_PROPERTIES, start=1)
+    )
     prop_doc = "\n".join(
-        f" * {name}:\n" + textwrap.indent(textwrap.fill(doc, 92), " *   ") for name, doc in PROPERTIES.items()
+        f" * {name}:\n" + textwrap.indent(textwrap.fill(doc, 92), " *   ") for name, doc in _INTENT_PROPERTIES.items()
     )
     orphans = "\n".join(
         f"  :: d_step {{ wl[{v}] && !(att_open && holder == {v} && lease == LIVE) -> wl[{v}] = 0 }}" for v in range(W)
@@ -698,7 +741,7 @@ def generate(
     ablation_txt = f"\n * ABLATION: guard `{drop_guard}` removed from every event." if drop_guard else ""
     nl = "\n"
 
-    return f"""\
+    text = f"""\
 /* GENERATED by spec/promela.py from spec/table.toml ({t.name} {t.version}): do not edit.
  * Regenerate with `python spec/promela.py --write`; check with `python spec/modelcheck.py`.{ablation_txt}{note_txt}
  *
@@ -985,6 +1028,652 @@ init {{
   }}
 }}
 """
+    head, sep, body = text.partition("#ifndef CHECK\n")
+    return f"{head}#ifdef CLAIMS\n{claims}\n#else /* not CLAIMS: the intent configurations */\n\n{sep}{body}#endif\n"
+
+
+# ==================================================================================== claims (issue 5)
+# Configuration `claims` (-DCLAIMS): two approval-gated intents share one target. The target's
+# claim row (spec/claim.toml), the approvals (spec/approval.toml) and the coupling of intent events
+# to claim events (`couples` / `couples_required` in spec/table.toml) are generated from the data;
+# the intent machine runs with its states and events from the table, but its own guards are
+# abstracted (CLAIMS_INTENT_GUARDS): the intent-level properties are checked in the other
+# configurations, this one checks what the claim and approval machines and the coupling add.
+
+CLAIMS_INTENTS = 2
+CLAIMS_APPROVALS = 2
+CLAIMS_ATTEMPTS = 2  # intent attempts begun, over both intents (attempt tokens are fresh)
+CLAIMS_TAKES = 2  # claim reservations and replacements (owner tokens are fresh)
+
+CLAIM_PROPERTIES: Mapping[str, str] = MappingProxyType(
+    {
+        "P10_one_dispatch_per_target": (
+            "At most one intent of the target is in flight (authorized, or with bytes between its "
+            "authorization and its send) at a time, and only under the target's claim: when an "
+            "intent becomes in flight and when its bytes leave, the claim is sending, bound to "
+            "that intent, held by the sender (its epoch and owner token), and the claim lease was "
+            "live at the authorizing write; no other intent of the target is in flight."
+        ),
+        "P11_sending_claim_freed_only_when_settled": (
+            "A claim that began sending (sending or uncertain) becomes free only together with an "
+            "intent move that lands its intent in a settled state (published, or proved not sent: "
+            "disposition done or retryable), or by an identified person."
+        ),
+        "P12_dispatch_under_its_approval": (
+            "Every dispatch starts under an approval that a named person gave for this intent and "
+            "for exactly the bytes sent, whose deadline is still ahead, and that has authorized no "
+            "other dispatch."
+        ),
+        "P13_version_race_loser_sends_nothing": (
+            "No two dispatches of the target start under approvals drafted against the same target "
+            "version: of two approvals drafted in parallel, the loser of the compare-and-set on the "
+            "target version sends nothing."
+        ),
+        "P14_approvals_end_truthfully": (
+            "An approval leaves its live state only by being consumed by a dispatch, by a machine "
+            "once its deadline has passed (database clock), or by an identified person."
+        ),
+    }
+)
+
+# The intent machine's guards in the claims configuration: `k` is the intent's index. Attempt
+# ownership and leases stay (a stale worker cannot record an outcome on someone else's attempt);
+# the rest are checked in the other configurations and are free here.
+CLAIMS_INTENT_GUARDS: Mapping[str, str] = MappingProxyType(
+    {
+        "no_open_attempt": "i_tok[k] == 0",
+        "attempts_remaining": "true",
+        "attempts_exhausted": "true",
+        "lease_holder": "(i_tok[k] != 0 && i_tok[k] == {lease_tok})",
+        # the intent's send lease: once the claim is sending it is the claim lease (extend_claim_lease);
+        # before that, any lease may have passed (the sweeper's abandon is always possible)
+        "lease_live": "true",
+        "lease_expired": "(!(c_tied && c_key == k) || c_lease == EXPIRED)",
+        "request_digest_matches": "true",
+        "remote_id_known": "true",
+        "restore_epoch_current": "true",
+        "kill_switch_off": "true",
+        "credential_current": "true",
+        "contract_supported": "true",
+        "source_is_head": "true",
+        "text_window_clear": "true",
+        "no_remote_object": "true",
+        "plan_unchanged": "true",
+        "absence_provable": "true",
+        "reconcile_budget_left": "true",
+        "evidence_fenced": "true",
+        "operator_identified": "{operator}",
+    }
+)
+CLAIMS_INTENT_EFFECTS: Mapping[str, str] = MappingProxyType(
+    {
+        "create": "skip",
+        "open_attempt": "tok_seq++; i_tok[k] = tok_seq",
+        "extend_lease": "skip",
+        "close_attempt": "i_tok[k] = 0",
+        "fence_restore": "i_tok[k] = 0",
+        **{
+            e: "skip"
+            for e in (
+                "write_descriptor",
+                "set_remote_id",
+                "claim_text_slot",
+                "release_text_slot",
+                "count_reconcile",
+                "bump_resend_epoch",
+                "grant_attempt",
+            )
+        },
+    }
+)
+
+# The claim guards (reference/atmostonce/claims.py CLAIM_GUARDS): `k` the intent the move is for,
+# `ap` the approval (presented at reserve, the claim's bound approval for a coupled move);
+# {cl_ep} / {cl_tok} the claim lease the caller presents, {digest} the bytes it means to send.
+CLAIM_GUARDS_PML: Mapping[str, str] = MappingProxyType(
+    {
+        "intent_queued": "i_st[k] == {intent_initial}",
+        "approval_usable": "(ap != 0 && a_st[ap] == {approval_live} && a_dl[ap] == LIVE)",
+        "approval_binds_request": "(ap != 0 && a_key[ap] == k && a_dig[ap] == {digest} && a_dig[ap] == i_dig[k])",
+        "target_version_current": "(ap != 0 && a_ver[ap] == tver)",
+        "claim_owner": "(c_tok != 0 && c_tok == {cl_tok} && c_ep == {cl_ep})",
+        "claim_lease_live": "c_lease == LIVE",
+        "claim_lease_expired": "c_lease == EXPIRED",
+        "bound_to_intent": "(c_key != 0 && c_key == k)",
+        # approval.toml
+        "approver_identified": "{approver}",
+        "approval_deadline_passed": "a_dl[ap] == EXPIRED",
+        "withdrawer_identified": "{operator}",
+    }
+)
+CLAIM_EFFECTS_PML: Mapping[str, str] = MappingProxyType(
+    {
+        "take_claim": "c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0",
+        "drop_claim": "c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0",
+        "bump_target_version": "tver++",
+        "extend_claim_lease": "c_lease = LIVE; c_tied = 1",
+        "record_approval": (
+            "na++; ap = na; a_key[ap] = k; a_dig[ap] = i_dig[k]; a_ver[ap] = tver; a_dl[ap] = LIVE; a_named[ap] = {approver}"
+        ),
+        "mark_used": "skip",
+    }
+)
+CLAIMS_ACTOR_ARGS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {
+        "worker": MappingProxyType(
+            {
+                "caller": "w",
+                "human": "0",
+                "lease_tok": "my_gen",
+                "cl_ep": "cl_ep",
+                "cl_tok": "cl_tok",
+                "digest": "i_dig[k]",
+            }
+        ),
+        "sweeper": MappingProxyType({"caller": "NOBODY", "human": "0", "lease_tok": "i_tok[k]"}),
+        "reconciler": MappingProxyType({"caller": "NOBODY", "human": "0"}),
+        "operator": MappingProxyType({"caller": "NOBODY", "human": "op_named", "operator": "op_named"}),
+        "approver": MappingProxyType({"caller": "NOBODY", "human": "op_named", "approver": "op_named"}),
+    }
+)
+
+
+def _kind_states(t: Table, *kinds: str) -> list[str]:
+    return [s.name for s in t.states.values() if s.kind in kinds]
+
+
+def _claim_guard(name: str, where: str, binding: Mapping[str, str]) -> str:
+    try:
+        expr = CLAIM_GUARDS_PML[name]
+    except KeyError:
+        raise GenerationError(
+            f"{where}: guard {name!r} has no Promela translation (add it to CLAIM_GUARDS_PML)"
+        ) from None
+    return "(" + expr.format_map(binding) + ")"
+
+
+def _claim_effects(effects: Iterable[str], where: str, binding: Mapping[str, str]) -> list[str]:
+    out = []
+    for eff in effects:
+        if eff not in CLAIM_EFFECTS_PML:
+            raise GenerationError(f"{where}: effect {eff!r} has no Promela translation (add it to CLAIM_EFFECTS_PML)")
+        out.append(f"/* effect {eff} */ " + CLAIM_EFFECTS_PML[eff].format_map(binding) + ";")
+    return out
+
+
+def _validate_claims(t: Table, claim_t: Table, approval_t: Table) -> None:
+    for g in t.guards:
+        if g not in CLAIMS_INTENT_GUARDS:
+            raise GenerationError(
+                f"guard {g!r} has no translation in the claims configuration (add it to CLAIMS_INTENT_GUARDS)"
+            )
+    for eff in t.effects:
+        if eff not in CLAIMS_INTENT_EFFECTS:
+            raise GenerationError(
+                f"effect {eff!r} has no translation in the claims configuration (add it to CLAIMS_INTENT_EFFECTS)"
+            )
+    for m in (claim_t, approval_t):
+        for g in m.guards:
+            if g not in CLAIM_GUARDS_PML:
+                raise GenerationError(f"{m.name}: guard {g!r} has no Promela translation (add it to CLAIM_GUARDS_PML)")
+        for eff in m.effects:
+            if eff not in CLAIM_EFFECTS_PML:
+                raise GenerationError(
+                    f"{m.name}: effect {eff!r} has no Promela translation (add it to CLAIM_EFFECTS_PML)"
+                )
+        for a in m.actors:
+            if a not in CLAIMS_ACTOR_ARGS:
+                raise GenerationError(f"{m.name}: actor {a!r} has no process in the claims configuration")
+    names = [*t.states, *claim_t.states, *approval_t.states]
+    if len(set(names)) != len(names):
+        raise GenerationError(f"state names must differ across the three machines (one mtype namespace): {names}")
+    shared = set(t.guards) & (set(claim_t.guards) | set(approval_t.guards))
+    if shared or set(claim_t.guards) & set(approval_t.guards):
+        raise GenerationError(f"guard names must differ across the machines: {sorted(shared)}")
+    for ev in t.events.values():
+        for m, cev in ev.couples.items():
+            if m != "claim":
+                raise GenerationError(f"event {ev.name!r} couples machine {m!r}: only the claim is modelled")
+            if cev not in claim_t.events:
+                raise GenerationError(f"event {ev.name!r} couples unknown claim event {cev!r}")
+        for m in ev.couples_required:
+            if m not in ev.couples:
+                raise GenerationError(f"event {ev.name!r}: couples_required names {m!r} without a coupling")
+    for cev in claim_t.events.values():
+        for m, aev in cev.couples.items():
+            if m != "approval" or aev not in approval_t.events:
+                raise GenerationError(f"claim event {cev.name!r} couples {m}.{aev}: not modelled")
+
+
+def generate_claims(
+    t: Table,
+    claim_t: Table,
+    approval_t: Table,
+    *,
+    drop_guard: str | None = None,
+    bounds: Bounds = Bounds(),
+    extra_evidence: Mapping[str, str] | None = None,
+) -> str:
+    """The claims configuration (the text between ``#ifdef CLAIMS`` and ``#else``)."""
+    _validate_claims(t, claim_t, approval_t)
+    W, NI, NA = bounds.workers, CLAIMS_INTENTS, CLAIMS_APPROVALS
+    in_flight = _one_kind(t, "in_flight")
+    settled = [s.name for s in t.states.values() if s.disposition in ("done", "retryable")]
+    c_free = _one_kind(claim_t, "free")
+    c_dispatching = _one_kind(claim_t, "dispatching")
+    c_began = _kind_states(claim_t, "dispatching", "uncertain")
+    a_live = approval_t.initial
+    claim_events_coupled = {cev for ev in t.events.values() for cev in ev.couples.values()}
+    approval_events_coupled = {aev for cev in claim_t.events.values() for aev in cev.couples.values()}
+    common = {"intent_initial": t.initial, "approval_live": a_live}
+
+    def others_idle(k: str = "k") -> str:
+        return " && ".join(f"({k} == {j} || (i_st[{j}] != {in_flight} && !i_gap[{j}]))" for j in range(1, NI + 1))
+
+    def claim_part(cev_name: str, binding: Mapping[str, str], where: str) -> tuple[list[str], list[str], list[str]]:
+        """(conditions, effects, checks) of claim event cev_name (and its approval coupling)."""
+        cev = claim_t.events[cev_name]
+        conds = [_any("c_st", cev.sources)]
+        for g in cev.guards:
+            if g != drop_guard:
+                conds.append(_claim_guard(g, f"{where}: claim event {cev_name!r}", binding))
+        effs = ["t_cfrom = c_st; t_clease = c_lease;"]
+        effs += _claim_effects(cev.effects, f"claim event {cev_name!r}", binding)
+        effs.append(f"c_st = {cev.target};")
+        for aev_name in cev.couples.values():
+            aev = approval_t.events[aev_name]
+            conds.append(f"ap != 0 && {_any('a_st[ap]', aev.sources)}")
+            for g in aev.guards:
+                if g != drop_guard:
+                    conds.append(_claim_guard(g, f"approval event {aev_name!r}", binding))
+            effs += _claim_effects(aev.effects, f"approval event {aev_name!r}", binding)
+            effs.append(f"a_st[ap] = {aev.target};")
+        checks = []
+        if cev.target == c_free and set(cev.sources) & set(c_began):
+            checks.append(
+                f"assert(!P11_sending_claim_freed_only_when_settled || !{_any('t_cfrom', c_began)} "
+                f"|| {_any('i_st[k]', settled)} || {binding['human']});"
+            )
+        return conds, effs, checks
+
+    inlines: list[str] = []
+    by_actor: dict[str, list[str]] = {}
+
+    # ---- intent events, each with the claim move it couples (table.toml `couples`)
+    for ev in t.events.values():
+        if ev.creates:
+            continue
+        if ev.actor not in CLAIMS_ACTOR_ARGS:
+            raise GenerationError(f"event {ev.name!r}: actor {ev.actor!r} has no process in the claims configuration")
+        human_actor = t.actors[ev.actor].human
+        base = dict(CLAIMS_ACTOR_ARGS[ev.actor])
+        binding = _Binding(
+            ev.actor, f"event {ev.name!r}", {**common, **base, "human": base["human"] if human_actor else "0"}
+        )
+        iconds = [_any("i_st[k]", ev.sources)]
+        for g in ev.guards:
+            if g != drop_guard:
+                iconds.append("(" + CLAIMS_INTENT_GUARDS[g].format_map(binding) + ")")
+        ieffs = ["t_from = i_st[k];"]
+        for eff in ev.effects:
+            ieffs.append(f"/* effect {eff} */ {CLAIMS_INTENT_EFFECTS[eff]};")
+        ieffs.append(f"i_st[k] = {ev.target};")
+        cev_name = ev.couples.get("claim")
+        enter_flight = ev.target == in_flight and any(s != in_flight for s in ev.sources)
+        pre = ""
+        if cev_name is None:
+            cond = " &&\n       ".join(iconds)
+            body = ieffs
+        else:
+            cconds, ceffs, cchecks = claim_part(cev_name, binding, f"event {ev.name!r}")
+            cc = " && ".join(cconds)
+            if "claim" in ev.couples_required:
+                cond = " &&\n       ".join([*iconds, cc])
+                pre = "ap = c_apv;"
+                body = [*ieffs, *ceffs, *cchecks]
+            else:
+                applies = f"(c_key == k && {_any('c_st', claim_t.events[cev_name].sources)})"
+                pre = "ap = c_apv;"
+                cond = " &&\n       ".join([*iconds, f"(!{applies} || ({cc}))"])
+                body = [
+                    f"if :: {applies} -> t_app = 1 :: else -> t_app = 0 fi;",
+                    *ieffs,
+                    "if",
+                    ":: t_app ->",
+                    *["   " + x for x in [*ceffs, *cchecks]],
+                    ":: else -> skip",
+                    "fi;",
+                ]
+        if enter_flight:
+            body.append(
+                f"assert(!P10_one_dispatch_per_target || (c_st == {c_dispatching} && c_key == k && "
+                f"c_ep == {binding['cl_ep']} && c_tok == {binding['cl_tok']} && t_clease == LIVE && {others_idle()}));"
+            )
+            body.append(
+                "assert(!P12_dispatch_under_its_approval || (ap != 0 && a_named[ap] && a_key[ap] == k && "
+                "a_dig[ap] == i_dig[k] && a_dl[ap] == LIVE && !a_used[ap]));"
+            )
+            body.append("assert(!P13_version_race_loser_sends_nothing || (ap != 0 && !(g_vers & (1 << a_ver[ap]))));")
+            body.append("if :: ap != 0 -> a_used[ap] = 1; g_vers = g_vers | (1 << a_ver[ap]) :: else -> skip fi;")
+        if ev.actor == "worker":
+            if "open_attempt" in ev.effects:
+                body.append("my_gen = i_tok[k];")
+            if enter_flight:
+                body.append("authed = 1; i_gap[k] = 1;")
+            if "close_attempt" in ev.effects:
+                body.append("cworker_reset();")
+        who = {"worker": "worker %d", "operator": "operator (named=%d)"}.get(ev.actor, ev.actor)
+        arg = {"worker": ", w", "operator": ", op_named"}.get(ev.actor, "")
+        body.append(f'printf("MSC: {who}: {ev.name} intent %d (%e -> {ev.target}) claim %e\\n"{arg}, k, t_from, c_st);')
+        body.append("t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1")
+        header = (
+            f"/* {ev.name} ({ev.actor}): {', '.join(ev.sources)} -> {ev.target}; intent guards: {', '.join(ev.guards) or '-'}\n"
+            f"   couples: {dict(ev.couples) or '-'}{' (required)' if ev.couples_required else ''} */"
+        )
+        inlines.append(
+            f"{header}\ninline ci_{ev.name}() {{\n  d_step {{\n    {pre}\n    if\n    :: {cond} ->\n"
+            + _block("\n".join(body), 7)
+            + "\n    :: else -> ok = 0\n    fi;\n    ap = 0\n  }\n}"
+        )
+        by_actor.setdefault(ev.actor, []).append(ev.name)
+
+    # ---- claim events not coupled to an intent event: called by a worker on its own
+    standalone_claim = [e for e in claim_t.events.values() if e.name not in claim_events_coupled]
+    for cev in standalone_claim:
+        if cev.actor != "worker":
+            raise GenerationError(f"claim event {cev.name!r} is neither coupled nor a worker's: not modelled")
+        base = dict(CLAIMS_ACTOR_ARGS["worker"])
+        binding = _Binding("worker", f"claim event {cev.name!r}", {**common, **base})
+        cconds, ceffs, cchecks = claim_part(cev.name, binding, "standalone")
+        body = [*ceffs, *cchecks]
+        if "take_claim" in cev.effects:
+            body.append("cl_ep = c_ep; cl_tok = c_tok;")
+        if "drop_claim" in cev.effects:
+            body.append("cl_ep = 0; cl_tok = 0;")
+        body.append(
+            f'printf("MSC: worker %d: claim {cev.name} for intent %d approval %d (%e -> {cev.target}) epoch %d\\n", w, k, ap, t_cfrom, c_ep);'
+        )
+        body.append("t_cfrom = 0; t_clease = 0; ok = 1")
+        inlines.append(
+            f"/* claim {cev.name} (worker): {', '.join(cev.sources)} -> {cev.target}; guards: {', '.join(cev.guards)} */\n"
+            f"inline cc_{cev.name}() {{\n  d_step {{\n    if\n    :: {' &&'.join(cconds)} ->\n"
+            + _block("\n".join(body), 7)
+            + "\n    :: else -> ok = 0\n    fi\n  }\n}"
+        )
+
+    # ---- approval events not coupled: the creating one (approver), expiry (sweeper), withdrawal (operator)
+    approval_standalone: dict[str, list[str]] = {}
+    for aev in approval_t.events.values():
+        if aev.name in approval_events_coupled:
+            continue
+        if aev.actor not in CLAIMS_ACTOR_ARGS:
+            raise GenerationError(f"approval event {aev.name!r}: actor {aev.actor!r} not modelled")
+        human_actor = approval_t.actors[aev.actor].human
+        base = dict(CLAIMS_ACTOR_ARGS[aev.actor])
+        binding = _Binding(
+            aev.actor,
+            f"approval event {aev.name!r}",
+            {**common, **base, "human": base["human"] if human_actor else "0"},
+        )
+        conds = ["na < NA"] if aev.creates else [f"ap != 0 && {_any('a_st[ap]', aev.sources)}"]
+        for g in aev.guards:
+            if g != drop_guard:
+                conds.append(_claim_guard(g, f"approval event {aev.name!r}", binding))
+        body = ["t_afrom = " + ("0" if aev.creates else "a_st[ap]") + ";"]
+        body += _claim_effects(aev.effects, f"approval event {aev.name!r}", binding)
+        body.append(f"a_st[ap] = {aev.target};")
+        if not aev.creates and a_live in aev.sources and aev.target != a_live:
+            body.append(
+                f"assert(!P14_approvals_end_truthfully || t_afrom != {a_live} || a_dl[ap] == EXPIRED || {binding['human']});"
+            )
+        body.append(
+            f'printf("MSC: {aev.actor}: {aev.name} approval %d (intent %d, version %d)\\n", ap, a_key[ap], a_ver[ap]);'
+        )
+        body.append("t_afrom = 0; ok = 1")
+        inlines.append(
+            f"/* approval {aev.name} ({aev.actor}): {', '.join(aev.sources) or '(creates)'} -> {aev.target}; guards: {', '.join(aev.guards) or '-'} */\n"
+            f"inline ca_{aev.name}() {{\n  d_step {{\n    if\n    :: {' && '.join(conds)} ->\n"
+            + _block("\n".join(body), 7)
+            + "\n    :: else -> ok = 0\n    fi\n  }\n}"
+        )
+        approval_standalone.setdefault(aev.actor, []).append(aev.name)
+
+    pick_k = "if " + " ".join(f":: k = {j}" for j in range(1, NI + 1)) + " fi"
+    pick_ap = "if " + " ".join(f":: na >= {a} -> ap = {a}" for a in range(1, NA + 1)) + " fi"
+
+    def intent_alts(actor: str, evidence, pick: bool = True) -> list[str]:
+        p0, p1 = (f"{pick_k}; ", " k = 0;") if pick else ("", "")
+        return [f":: atomic {{ {evidence(n)} -> {p0}ci_{n}();{p1} ok = 0 }}" for n in by_actor.get(actor, [])]
+
+    def worker_evidence(n: str) -> str:
+        ev = t.events[n]
+        evid = _evidence(t, ev, dict(extra_evidence or {}))
+        if any("lease_tok" in _placeholders(CLAIMS_INTENT_GUARDS[g]) for g in ev.guards):
+            evid = f"my_gen != 0 && {evid}"
+        if "open_attempt" in ev.effects:
+            evid = f"tok_seq < NT && {evid}"
+        return f"wk != 0 && {evid} && k == wk"
+
+    worker_alts = intent_alts("worker", worker_evidence, pick=False)
+    for cev in standalone_claim:
+        if "take_claim" in cev.effects:
+            worker_alts.append(
+                f":: atomic {{ wk != 0 && na > 0 && ctok_seq < NC && k == wk -> {pick_ap}; cc_{cev.name}(); ap = 0; ok = 0 }}"
+            )
+        else:
+            worker_alts.append(f":: atomic {{ cl_tok != 0 && k == wk -> cc_{cev.name}(); ok = 0 }}")
+    sweeper_alts = intent_alts("sweeper", lambda n: "true")
+    sweeper_alts += [
+        f":: atomic {{ na > 0 -> {pick_ap}; ca_{n}(); ap = 0; ok = 0 }}" for n in approval_standalone.get("sweeper", [])
+    ]
+    reconciler_alts = intent_alts("reconciler", lambda n: "true")
+    operator_alts = []
+    for n in by_actor.get("operator", []):
+        evid = _evidence(t, t.events[n], dict(extra_evidence or {}))
+        cond = "moves < CLAIMS_OPERATOR_MOVES" + ("" if evid == "true" else f" && {evid}")
+        for named in (1, 0):
+            operator_alts.append(
+                f":: atomic {{ {cond} -> {pick_k}; op_named = {named}; ci_{n}(); if :: ok -> moves++ :: else -> skip fi; "
+                "op_named = 0; k = 0; ok = 0 }"
+            )
+    for n in approval_standalone.get("operator", []):
+        for named in (1, 0):
+            operator_alts.append(
+                f":: atomic {{ moves < CLAIMS_OPERATOR_MOVES && na > 0 -> {pick_ap}; op_named = {named}; ca_{n}(); "
+                "if :: ok -> moves++ :: else -> skip fi; op_named = 0; ap = 0; ok = 0 }"
+            )
+    approver_alts = []
+    for n in approval_standalone.get("approver", []):
+        for named in (1, 0):
+            # approval a is for intent ((a - 1) % NI) + 1: a worker may still present it for the other intent
+            approver_alts.append(
+                f":: atomic {{ na < NA -> k = (na % NI) + 1; op_named = {named}; ca_{n}(); op_named = 0; k = 0; ok = 0 }}"
+            )
+    props = "\n".join(
+        f"byte {name} = (CHECK == 0 || CHECK == {i});"
+        for i, name in enumerate(CLAIM_PROPERTIES, start=len(_INTENT_PROPERTIES) + 1)
+    )
+    prop_doc = "\n".join(
+        f" * {name}:\n" + textwrap.indent(textwrap.fill(doc, 92), " *   ") for name, doc in CLAIM_PROPERTIES.items()
+    )
+    nl = "\n"
+    approval_clock = "\n".join(
+        f'  :: d_step {{ a_dl[{a}] == LIVE -> a_dl[{a}] = EXPIRED; printf("MSC: clock: approval {a}\'s deadline passes\\n") }}'
+        for a in range(1, NA + 1)
+    )
+    edit = " ".join(
+        f':: i_st[{j}] == {t.initial} && i_dig[{j}] == 1 -> i_dig[{j}] = 2; printf("MSC: editor: the draft of intent {j} changes\\n")'
+        for j in range(1, NI + 1)
+    )
+    ablation_txt = f"\n * ABLATION: guard `{drop_guard}` removed." if drop_guard else ""
+    return f"""\
+/* ==================================================================================== CLAIMS
+ * Configuration `claims` (generated from spec/table.toml, spec/claim.toml, spec/approval.toml).{ablation_txt}
+ * {NI} approval-gated intents share one target: its claim row ({", ".join(claim_t.states)}; epoch,
+ * owner token, bound intent and approval, lease) and its version; up to {NA} approvals
+ * ({", ".join(approval_t.states)}), each drafted against the target version current when it was given;
+ * (approval a is for intent ((a - 1) mod {NI}) + 1); {W} workers that reserve, replace and release the claim with possibly stale claim leases and crash
+ * at any step; the sweeper, the reconciler, one operator move, one draft edit after review, the
+ * database clock (intent leases, claim leases, approval deadlines). Intent events move the claim
+ * as their `couples` field says, in the same atomic step. The intent machine's own guards are
+ * abstracted (CLAIMS_INTENT_GUARDS in spec/promela.py): attempt ownership and leases stay, the
+ * rest is checked by the other configurations.
+ *
+ * Properties:
+{prop_doc}
+ */
+
+#ifndef CHECK
+#define CHECK 0
+#endif
+{props}
+
+#define NOBODY {W}
+#define NI {NI}
+#define NA {NA}
+#ifndef NT
+#define NT {CLAIMS_ATTEMPTS}
+#endif
+#ifndef NC
+#define NC {CLAIMS_TAKES}
+#endif
+#ifndef CLAIMS_OPERATOR_MOVES
+#define CLAIMS_OPERATOR_MOVES 1
+#endif
+#define NONE 0
+#define LIVE 1
+#define EXPIRED 2
+#define SEND_NONE 0
+#define SEND_OK 1
+#define SEND_NOT_SENT 2
+#define SEND_UNKNOWN 3
+#define FOUND 1
+#define NOT_FOUND 2
+
+mtype:state = {{ {", ".join(t.states)} }};
+mtype:claim = {{ {", ".join(claim_t.states)} }};
+mtype:approval = {{ {", ".join(approval_t.states)} }};
+
+/* ---- the intents (index 1..NI): state, attempt token, send lease, digest of the current draft */
+mtype:state i_st[NI + 1];
+byte i_tok[NI + 1];
+byte i_dig[NI + 1];
+bit i_gap[NI + 1];          /* ghost: bytes of this intent between its authorization and its send */
+byte tok_seq;
+/* ---- the target's claim row */
+mtype:claim c_st;
+byte c_ep, c_tok, c_key, c_apv, c_lease, tver, ctok_seq;
+bit c_tied;                 /* the claim lease is the bound intent's send lease (extend_claim_lease) */
+/* ---- the approvals (index 1..NA) */
+mtype:approval a_st[NA + 1];
+byte a_key[NA + 1], a_ver[NA + 1], a_dig[NA + 1], a_dl[NA + 1];
+bit a_named[NA + 1];        /* ghost: a named person gave it */
+bit a_used[NA + 1];         /* ghost (P12): it authorized a dispatch */
+byte na;
+byte g_vers;                /* ghost (P13): target versions the dispatched approvals were drafted against */
+bit restore_unfenced;       /* no restore in this configuration */
+
+mtype:state t_from;
+mtype:claim t_cfrom;
+mtype:approval t_afrom;
+byte t_clease;
+bit t_app;
+
+inline cworker_reset() {{
+  wk = 0; my_gen = 0; cl_ep = 0; cl_tok = 0; out = SEND_NONE; authed = 0
+}}
+
+{(nl + nl).join(inlines)}
+
+/* A dispatch worker: works on one intent at a time (chosen freely), reserves or replaces the
+ * claim with any approval, calls the intent's worker events with the leases it holds (possibly
+ * stale), sends once after an authorization, and may crash at any step (it forgets everything). */
+proctype cworker(byte w) {{
+  byte wk, k, ap, my_gen, cl_ep, cl_tok, out;
+  bit authed, ok;
+end:
+  do
+  :: atomic {{ wk == 0 -> if :: w == 0 -> k = 1 :: else -> {pick_k} fi; wk = k }}   /* worker 0 works on intent 1 */
+{_block(nl.join(worker_alts), 2)}
+  :: atomic {{ authed && k == wk ->
+       assert(!P10_one_dispatch_per_target || (i_st[k] == {in_flight} && c_st == {c_dispatching} && c_key == k
+              && c_ep == cl_ep && c_tok == cl_tok && {others_idle()}));
+       authed = 0; i_gap[k] = 0;
+       if
+       :: out = SEND_OK; printf("MSC: worker %d: intent %d's bytes leave: success\\n", w, k)
+       :: out = SEND_NOT_SENT; printf("MSC: worker %d: intent %d: not sent\\n", w, k)
+       :: out = SEND_UNKNOWN; printf("MSC: worker %d: intent %d's bytes leave: unknown\\n", w, k)
+       fi }}
+  :: atomic {{ wk != 0 -> if :: authed -> i_gap[wk] = 0 :: else -> skip fi; cworker_reset(); k = 0 }}   /* crash */
+  od
+}}
+
+proctype csweeper() {{
+  byte k, ap;
+  bit ok;
+end:
+  do
+{_block(nl.join(sweeper_alts), 2)}
+  od
+}}
+
+proctype creconciler() {{
+  byte k, ap;
+  bit ok;
+end:
+  do
+{_block(nl.join(reconciler_alts), 2)}
+  od
+}}
+
+proctype coperator() {{
+  byte k, ap, moves;
+  bit op_named, ok;
+end:
+  do
+{_block(nl.join(operator_alts), 2)}
+  od
+}}
+
+/* The approver: up to NA approvals, each of one intent's current draft, named or not. */
+proctype capprover() {{
+  byte k, ap;
+  bit op_named, ok;
+end:
+  do
+{_block(nl.join(approver_alts), 2)}
+  od
+}}
+
+/* The editor changes one queued draft once, after it may have been approved (new bytes). */
+proctype ceditor() {{
+end:
+  atomic {{ if {edit} fi }}
+}}
+
+/* The database clock: deadlines pass at any moment, except that bytes leave before the send
+ * lease ends (and with it the claim lease it was extended to). */
+proctype cclock() {{
+end:
+  do
+  :: d_step {{ c_lease == LIVE && !(c_tied && i_gap[c_key]) -> c_lease = EXPIRED;
+       printf("MSC: clock: the claim lease passes\\n") }}
+{approval_clock}
+  od
+}}
+
+init {{
+  atomic {{
+    {"; ".join(f"i_st[{j}] = {t.initial}; i_dig[{j}] = 1" for j in range(1, NI + 1))};
+    c_st = {claim_t.initial};
+    {"; ".join(f"run cworker({v})" for v in range(W))}; run csweeper(); run creconciler(); run coperator();
+    run capprover(); run ceditor(); run cclock()
+  }}
+}}
+"""
+
+
+PROPERTIES: Mapping[str, str] = MappingProxyType({**_INTENT_PROPERTIES, **CLAIM_PROPERTIES})
 
 
 # ------------------------------------------------------------------------------------ CLI
