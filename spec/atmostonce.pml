@@ -178,7 +178,7 @@ inline ci_begin() {
   }
 }
 
-/* authorize_dispatch (worker): pending -> authorized; intent guards: lease_holder, restore_epoch_current, lease_live, request_digest_matches, kill_switch_off, credential_current, contract_supported, text_window_clear, source_is_head
+/* authorize_dispatch (worker): pending -> authorized; intent guards: lease_holder, restore_epoch_current, lease_live, request_digest_matches, kill_switch_off, credential_current, contract_supported, text_window_clear, source_is_head, rate_limit_clear
    couples: {'claim': 'start_sending'} (required) */
 inline ci_authorize_dispatch() {
   d_step {
@@ -194,11 +194,13 @@ inline ci_authorize_dispatch() {
        (true) &&
        (true) &&
        (true) &&
+       (true) &&
        (c_st == reserved) && ((c_key != 0 && c_key == k)) && ((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) && (c_lease == LIVE) && ((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) && ((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) && ((ap != 0 && a_ver[ap] == tver)) && ap != 0 && (a_st[ap] == approved) ->
        t_from = i_st[k];
        /* effect extend_lease */ skip;
        /* effect write_descriptor */ skip;
        /* effect claim_text_slot */ skip;
+       /* effect take_rate_slot */ skip;
        i_st[k] = authorized;
        t_cfrom = c_st; t_clease = c_lease;
        /* effect bump_target_version */ tver++;
