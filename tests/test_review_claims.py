@@ -17,6 +17,7 @@ from atmostonce.records import Approval
 from atmostonce.runtime import Dispatcher, RuntimeConfig
 from atmostonce.testing.stateful import FakeClock
 from atmostonce_http import HttpTransport, PlatformSink, sink_config
+from tests.test_claims import approve, reserve
 
 TARGET = "room-r"
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
@@ -24,16 +25,6 @@ CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interv
 
 def gated(s, text="hello", target=TARGET, **kw):
     return s.submit("acct", "post", target, {"text": text}, requires_approval=True, **kw)
-
-
-def approve(s, it, **kw):
-    kw.setdefault("approver", "alice")
-    kw.setdefault("expires_in", 600)
-    return s.approve(it.key, **kw)
-
-
-def reserve(s, it, apv, owner="w1", **kw):
-    return s.reserve_claim(it.key, approval_id=apv.approval_id, request_digest=it.request_digest, owner=owner, **kw)
 
 
 @pytest.fixture
