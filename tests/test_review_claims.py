@@ -387,9 +387,16 @@ def test_a_withdrawal_racing_the_authorization_is_refused_as_the_model_refuses_i
 
 
 BLANKS = ["\t", "\n", " \t ", "\u00a0", "\u3000"]
+BLANK_IDS = [
+    "tab",
+    "newline",
+    "spaces-and-tab",
+    "no-break-space",
+    "ideographic-space",
+]  # plain ids: tools re-select by id
 
 
-@pytest.mark.parametrize("blank", BLANKS, ids=repr)
+@pytest.mark.parametrize("blank", BLANKS, ids=BLANK_IDS)
 def test_a_whitespace_only_approver_is_no_approver_on_every_store(any_store, blank):
     """``approver_identified`` is ``str.strip() != ""`` in the model but ``length(trim(x)) > 0`` in SQL (and
     in the CHECK constraint); SQL ``trim`` strips only the space character, so an approval 'by' a tab, a
@@ -402,7 +409,7 @@ def test_a_whitespace_only_approver_is_no_approver_on_every_store(any_store, bla
     assert s.approvals(it.key) == []
 
 
-@pytest.mark.parametrize("blank", BLANKS, ids=repr)
+@pytest.mark.parametrize("blank", BLANKS, ids=BLANK_IDS)
 def test_a_whitespace_only_operator_cannot_withdraw_an_approval(any_store, blank):
     """The same trim mismatch in ``withdrawer_identified``: on SQL an unnamed operator withdraws approvals."""
     s = any_store.store
@@ -414,7 +421,7 @@ def test_a_whitespace_only_operator_cannot_withdraw_an_approval(any_store, blank
     assert s.approval(apv.approval_id).state == "approved"
 
 
-@pytest.mark.parametrize("blank", BLANKS, ids=repr)
+@pytest.mark.parametrize("blank", BLANKS, ids=BLANK_IDS)
 def test_a_whitespace_only_operator_cannot_free_an_uncertain_claim(any_store, blank):
     """And in ``operator_identified``: through ``resolve_published`` an unnamed operator moves an uncertain
     claim to free on SQL (seed 002: uncertain is left only on remote evidence or by a *named* person)."""
