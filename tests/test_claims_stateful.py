@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from atmostonce.testing.claims_stateful import make_claims_machine
-from atmostonce.testing.stateful import StoreUnderTest
+from tests.conformance.factories import sql_factory
 
 PROFILES = {
     "ci": settings(
@@ -29,20 +29,7 @@ def test_model_alone_keeps_the_claim_invariants():
 
 
 def _run(dbs):
-    from atmostonce_sql import open_store
-    from atmostonce_sql.testing import age_leases
-
-    def factory():
-        url = dbs.fresh()
-        store = open_store(url, migrate=False, pool_size=2)
-
-        def close():
-            store.close()
-            dbs.drop(url)
-
-        return StoreUnderTest(store, lambda s: age_leases(store, s), close)
-
-    machine = make_claims_machine(factory)
+    machine = make_claims_machine(sql_factory(dbs))
     machine.TestCase.settings = PROFILE
     machine.TestCase().runTest()
 
