@@ -211,17 +211,25 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": "no such endpoint"})
 
+    def _retraction_fault_before_write(self) -> str | None:
+        """Apply the next planned retraction fault if it strikes before the write; ``None`` when it did
+        (the request is answered or dropped), else the fault still to apply after the write (or ``""``)."""
+        fault = self.server.sink._next_retraction_fault()
+        if fault == "error_before_write":
+            self._json(503, {"error": "injected: unavailable"})
+            return None
+        if fault == "drop_before_write":
+            self._drop()
+            return None
+        return fault or ""
+
     def do_DELETE(self) -> None:
         sink = self.server.sink
         if self._read_body() is None:
             return
         path = urlsplit(self.path).path
-        fault = sink._next_retraction_fault()
-        if fault == "error_before_write":
-            self._json(503, {"error": "injected: unavailable"})
-            return
-        if fault == "drop_before_write":
-            self._drop()
+        fault = self._retraction_fault_before_write()
+        if fault is None:
             return
         deleted = path.startswith("/posts/") and sink._delete(unquote(path[len("/posts/") :]))
         if fault == "drop_after_write":
@@ -246,12 +254,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": "the body must be a JSON object"})
             return
         path = urlsplit(self.path).path
-        fault = sink._next_retraction_fault()
-        if fault == "error_before_write":
-            self._json(503, {"error": "injected: unavailable"})
-            return
-        if fault == "drop_before_write":
-            self._drop()
+        fault = self._retraction_fault_before_write()
+        if fault is None:
             return
         obj = sink._update(unquote(path[len("/posts/") :]), body) if path.startswith("/posts/") else None
         if fault == "drop_after_write":
