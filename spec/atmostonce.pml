@@ -91,6 +91,16 @@
  * P14_approvals_end_truthfully:
  *   An approval leaves its live state only by being consumed by a dispatch, by a machine once
  *   its deadline has passed (database clock), or by an identified person.
+ * P15_one_live_claim_lease:
+ *   At most one holder of a live claim lease: a worker reserves or replaces the target's claim
+ *   only when nobody holds it under a lease that is still live (the claim-level counterpart of
+ *   P6). A reservation ends when its holder releases it or dispatches, when the database clock
+ *   passes its lease, or with an intent move of its own intent.
+ * P16_reservation_only_for_a_queued_intent:
+ *   Whenever the claim is reserved, the intent it is bound to is queued (the initial state), so
+ *   a reservation never holds the target for an intent that cannot dispatch: it is taken only
+ *   for a queued intent, and every move that takes its intent out of the queue other than the
+ *   dispatch itself releases it in the same step.
  */
 
 #ifndef CHECK
@@ -101,6 +111,8 @@ byte P11_sending_claim_freed_only_when_settled = (CHECK == 0 || CHECK == 11);
 byte P12_dispatch_under_its_approval = (CHECK == 0 || CHECK == 12);
 byte P13_version_race_loser_sends_nothing = (CHECK == 0 || CHECK == 13);
 byte P14_approvals_end_truthfully = (CHECK == 0 || CHECK == 14);
+byte P15_one_live_claim_lease = (CHECK == 0 || CHECK == 15);
+byte P16_reservation_only_for_a_queued_intent = (CHECK == 0 || CHECK == 16);
 
 #define NOBODY 2
 #define NI 2
@@ -169,6 +181,7 @@ inline ci_begin() {
        t_from = i_st[k];
        /* effect open_attempt */ tok_seq++; i_tok[k] = tok_seq;
        i_st[k] = pending;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        my_gen = i_tok[k];
        printf("MSC: worker %d: begin intent %d (%e -> pending) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -195,7 +208,7 @@ inline ci_authorize_dispatch() {
        (true) &&
        (true) &&
        (true) &&
-       (c_st == reserved) && ((c_key != 0 && c_key == k)) && ((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) && (c_lease == LIVE) && ((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) && ((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) && ((ap != 0 && a_ver[ap] == tver)) && ap != 0 && (a_st[ap] == approved) ->
+       (c_st == reserved) && ((c_key != 0 && c_key == k)) && ((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) && (c_lease == LIVE) && ((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) && ((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) && ((ap != 0 && a_ver[ap] == tver)) && ap != 0 && (a_st[ap] == approved) ->
        t_from = i_st[k];
        /* effect extend_lease */ skip;
        /* effect write_descriptor */ skip;
@@ -212,6 +225,7 @@ inline ci_authorize_dispatch() {
        assert(!P12_dispatch_under_its_approval || (ap != 0 && a_named[ap] && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dl[ap] == LIVE && !a_used[ap]));
        assert(!P13_version_race_loser_sends_nothing || (ap != 0 && !(g_vers & (1 << a_ver[ap]))));
        if :: ap != 0 -> a_used[ap] = 1; g_vers = g_vers | (1 << a_ver[ap]) :: else -> skip fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        authed = 1; i_gap[k] = 1;
        printf("MSC: worker %d: authorize_dispatch intent %d (%e -> authorized) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -242,6 +256,7 @@ inline ci_block_at_gate() {
           c_st = free;
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: block_at_gate intent %d (%e -> parked) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -263,6 +278,7 @@ inline ci_record_success() {
        t_from = i_st[k];
        /* effect set_remote_id */ skip;
        i_st[k] = authorized;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: worker %d: record_success intent %d (%e -> authorized) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -294,6 +310,7 @@ inline ci_confirm_read_back() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: confirm_read_back intent %d (%e -> published) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -324,6 +341,7 @@ inline ci_read_back_failed() {
           c_st = uncertain;
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: read_back_failed intent %d (%e -> indeterminate) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -356,6 +374,7 @@ inline ci_record_not_sent() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: record_not_sent intent %d (%e -> failed) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -385,6 +404,7 @@ inline ci_record_unknown() {
           c_st = uncertain;
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: record_unknown intent %d (%e -> indeterminate) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
@@ -414,6 +434,7 @@ inline ci_expire_lease() {
           c_st = uncertain;
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: sweeper: expire_lease intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -434,6 +455,7 @@ inline ci_abandon_attempt() {
        t_from = i_st[k];
        /* effect close_attempt */ i_tok[k] = 0;
        i_st[k] = pending;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: sweeper: abandon_attempt intent %d (%e -> pending) claim %e\n", k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -464,6 +486,7 @@ inline ci_reconcile_found() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: reconcile_found intent %d (%e -> published) claim %e\n", k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -484,6 +507,7 @@ inline ci_reconcile_not_found() {
        t_from = i_st[k];
        /* effect count_reconcile */ skip;
        i_st[k] = indeterminate;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: reconcile_not_found intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -517,6 +541,7 @@ inline ci_reconcile_absent() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: reconcile_absent intent %d (%e -> failed) claim %e\n", k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -535,6 +560,7 @@ inline ci_park_unreconcilable() {
        (true) ->
        t_from = i_st[k];
        i_st[k] = parked;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: park_unreconcilable intent %d (%e -> parked) claim %e\n", k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -553,6 +579,7 @@ inline ci_retry() {
        (true) ->
        t_from = i_st[k];
        i_st[k] = pending;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: worker %d: retry intent %d (%e -> pending) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -562,16 +589,26 @@ inline ci_retry() {
 }
 
 /* exhaust (worker): failed, pending -> parked; intent guards: no_open_attempt, attempts_exhausted
-   couples: - */
+   couples: {'claim': 'release_with_intent'} */
 inline ci_exhaust() {
   d_step {
-    
+    ap = c_apv;
     if
     :: (i_st[k] == failed || i_st[k] == pending) &&
        (i_tok[k] == 0) &&
-       (true) ->
+       (true) &&
+       (!(c_key == k && (c_st == reserved)) || ((c_st == reserved) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == reserved)) -> t_app = 1 :: else -> t_app = 0 fi;
        t_from = i_st[k];
        i_st[k] = parked;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+       :: else -> skip
+       fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: worker %d: exhaust intent %d (%e -> parked) claim %e\n", w, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -581,16 +618,26 @@ inline ci_exhaust() {
 }
 
 /* park (operator): pending, failed, indeterminate -> parked; intent guards: operator_identified
-   couples: - */
+   couples: {'claim': 'release_with_intent'} */
 inline ci_park() {
   d_step {
-    
+    ap = c_apv;
     if
     :: (i_st[k] == pending || i_st[k] == failed || i_st[k] == indeterminate) &&
-       (op_named) ->
+       (op_named) &&
+       (!(c_key == k && (c_st == reserved)) || ((c_st == reserved) && ((c_key != 0 && c_key == k)))) ->
+       if :: (c_key == k && (c_st == reserved)) -> t_app = 1 :: else -> t_app = 0 fi;
        t_from = i_st[k];
        /* effect close_attempt */ i_tok[k] = 0;
        i_st[k] = parked;
+       if
+       :: t_app ->
+          t_cfrom = c_st; t_clease = c_lease;
+          /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
+          c_st = free;
+       :: else -> skip
+       fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): park intent %d (%e -> parked) claim %e\n", op_named, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -620,6 +667,7 @@ inline ci_resolve_published() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): resolve_published intent %d (%e -> published) claim %e\n", op_named, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -650,6 +698,7 @@ inline ci_resolve_not_sent() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): resolve_not_sent intent %d (%e -> failed) claim %e\n", op_named, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -680,6 +729,7 @@ inline ci_resend() {
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): resend intent %d (%e -> pending) claim %e\n", op_named, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -707,6 +757,7 @@ inline ci_restore_fence() {
           c_st = uncertain;
        :: else -> skip
        fi;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): restore_fence intent %d (%e -> indeterminate) claim %e\n", op_named, k, t_from, c_st);
        t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
     :: else -> ok = 0
@@ -715,14 +766,16 @@ inline ci_restore_fence() {
   }
 }
 
-/* claim reserve (worker): free -> reserved; guards: intent_queued, approval_usable, approval_binds_request, target_version_current */
+/* claim reserve (worker): free -> reserved; guards: intent_queued, approval_usable, approval_binds_request, approval_for_intent, target_version_current */
 inline cc_reserve() {
   d_step {
     if
-    :: (c_st == free) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_ver[ap] == tver)) ->
+    :: (c_st == free) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_key[ap] == k)) &&((ap != 0 && a_ver[ap] == tver)) ->
        t_cfrom = c_st; t_clease = c_lease;
        /* effect take_claim */ c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0;
        c_st = reserved;
+       assert(!P15_one_live_claim_lease || t_clease != LIVE);
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cl_ep = c_ep; cl_tok = c_tok;
        printf("MSC: worker %d: claim reserve for intent %d approval %d (%e -> reserved) epoch %d\n", w, k, ap, t_cfrom, c_ep);
        t_cfrom = 0; t_clease = 0; ok = 1
@@ -731,14 +784,16 @@ inline cc_reserve() {
   }
 }
 
-/* claim replace (worker): reserved -> reserved; guards: claim_lease_expired, intent_queued, approval_usable, approval_binds_request, target_version_current */
+/* claim replace (worker): reserved -> reserved; guards: claim_lease_expired, intent_queued, approval_usable, approval_binds_request, approval_for_intent, target_version_current */
 inline cc_replace() {
   d_step {
     if
-    :: (c_st == reserved) &&(c_lease == EXPIRED) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_key[ap] == k && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_ver[ap] == tver)) ->
+    :: (c_st == reserved) &&(c_lease == EXPIRED) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_key[ap] == k)) &&((ap != 0 && a_ver[ap] == tver)) ->
        t_cfrom = c_st; t_clease = c_lease;
        /* effect take_claim */ c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0;
        c_st = reserved;
+       assert(!P15_one_live_claim_lease || t_clease != LIVE);
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cl_ep = c_ep; cl_tok = c_tok;
        printf("MSC: worker %d: claim replace for intent %d approval %d (%e -> reserved) epoch %d\n", w, k, ap, t_cfrom, c_ep);
        t_cfrom = 0; t_clease = 0; ok = 1
@@ -755,6 +810,7 @@ inline cc_release() {
        t_cfrom = c_st; t_clease = c_lease;
        /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
        c_st = free;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cl_ep = 0; cl_tok = 0;
        printf("MSC: worker %d: claim release for intent %d approval %d (%e -> free) epoch %d\n", w, k, ap, t_cfrom, c_ep);
        t_cfrom = 0; t_clease = 0; ok = 1
@@ -827,8 +883,8 @@ end:
   :: atomic { wk != 0 && my_gen != 0 && out == SEND_UNKNOWN && k == wk -> ci_record_unknown(); ok = 0 }
   :: atomic { wk != 0 && true && k == wk -> ci_retry(); ok = 0 }
   :: atomic { wk != 0 && true && k == wk -> ci_exhaust(); ok = 0 }
-  :: atomic { wk != 0 && na > 0 && ctok_seq < NC && k == wk -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; cc_reserve(); ap = 0; ok = 0 }
-  :: atomic { wk != 0 && na > 0 && ctok_seq < NC && k == wk -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; cc_replace(); ap = 0; ok = 0 }
+  :: atomic { wk != 0 && na > 0 && ctok_seq < NC && k == wk -> if :: k = 1 :: k = 2 fi; if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; cc_reserve(); ap = 0; k = wk; ok = 0 }
+  :: atomic { wk != 0 && na > 0 && ctok_seq < NC && k == wk -> if :: k = 1 :: k = 2 fi; if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; cc_replace(); ap = 0; k = wk; ok = 0 }
   :: atomic { cl_tok != 0 && k == wk -> cc_release(); ok = 0 }
   :: atomic { authed && k == wk ->
        assert(!P10_one_dispatch_per_target || (i_st[k] == authorized && c_st == sending && c_key == k

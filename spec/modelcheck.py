@@ -93,32 +93,7 @@ EXPLORATIONS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 # guards whose removal cannot show at this abstraction level, with the reason
-NOT_CAUGHT: dict[str, str] = {
-    "intent_queued": (
-        "claims configuration: without it a worker reserves (or replaces) the claim for an intent that is "
-        "not queued (in flight, settled or parked). Nothing is sent under such a claim: an intent becomes in "
-        "flight only through authorize_dispatch, whose source state is the queued one and whose required "
-        "coupling start_sending re-checks the claim's owner, lease, approval, bytes and target version. The "
-        "claim only blocks the target until its lease passes and it is replaced: a liveness cost, not a "
-        "safety one. The ablated model stores more states and violates no property."
-    ),
-    "claim_lease_expired": (
-        "claims configuration: on expire_sending it is the same predicate as the intent's lease_expired on the "
-        "coupled expire_lease (start_sending's extend_claim_lease makes the claim lease the intent's send "
-        "lease, so both deadlines pass together, and the intent's guard stays). On replace, removing it lets "
-        "a worker replace a live reservation: the old owner's claim lease is void early, and claim_owner "
-        "refuses its start_sending and its release, so nothing is sent under it (a stolen reservation is a "
-        "fairness cost, not a safety one). The ablated model has exactly the states of the model proper."
-    ),
-    "bound_to_intent": (
-        "claims configuration: on the optional couplings the binding is the coupling's own applicability "
-        "condition (claims.py _coupled applies a coupled claim move only to a claim bound to the intent), so "
-        "removing the guard changes nothing there; on the required coupling start_sending, claim_owner "
-        "already ties the caller to the claim (the owner token is minted by take_claim together with the "
-        "binding, and drop_claim clears both) and approval_binds_request ties the claim's approval to the "
-        "intent. Defence in depth: no property can see it at this level."
-    ),
-}
+NOT_CAUGHT: dict[str, str] = {}
 
 # partial ablations, to show that each placement and each clause of a guard matters: a guard removed
 # from some events only ("keep": the events it stays on), or one clause of its Promela translation

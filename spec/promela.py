@@ -1073,6 +1073,18 @@ CLAIM_PROPERTIES: Mapping[str, str] = MappingProxyType(
             "An approval leaves its live state only by being consumed by a dispatch, by a machine "
             "once its deadline has passed (database clock), or by an identified person."
         ),
+        "P15_one_live_claim_lease": (
+            "At most one holder of a live claim lease: a worker reserves or replaces the target's "
+            "claim only when nobody holds it under a lease that is still live (the claim-level "
+            "counterpart of P6). A reservation ends when its holder releases it or dispatches, when "
+            "the database clock passes its lease, or with an intent move of its own intent."
+        ),
+        "P16_reservation_only_for_a_queued_intent": (
+            "Whenever the claim is reserved, the intent it is bound to is queued (the initial "
+            "state), so a reservation never holds the target for an intent that cannot dispatch: "
+            "it is taken only for a queued intent, and every move that takes its intent out of the "
+            "queue other than the dispatch itself releases it in the same step."
+        ),
     }
 )
 
@@ -1136,7 +1148,8 @@ CLAIM_GUARDS_PML: Mapping[str, str] = MappingProxyType(
     {
         "intent_queued": "i_st[k] == {intent_initial}",
         "approval_usable": "(ap != 0 && a_st[ap] == {approval_live} && a_dl[ap] == LIVE)",
-        "approval_binds_request": "(ap != 0 && a_key[ap] == k && a_dig[ap] == {digest} && a_dig[ap] == i_dig[k])",
+        "approval_binds_request": "(ap != 0 && a_dig[ap] == {digest} && a_dig[ap] == i_dig[k])",
+        "approval_for_intent": "(ap != 0 && a_key[ap] == k)",
         "target_version_current": "(ap != 0 && a_ver[ap] == tver)",
         "claim_owner": "(c_tok != 0 && c_tok == {cl_tok} && c_ep == {cl_ep})",
         "claim_lease_live": "c_lease == LIVE",
@@ -1264,6 +1277,11 @@ def generate_claims(
     c_free = _one_kind(claim_t, "free")
     c_dispatching = _one_kind(claim_t, "dispatching")
     c_began = _kind_states(claim_t, "dispatching", "uncertain")
+    c_reserved = _kind_states(claim_t, "pre_dispatch")
+    p16 = (
+        f"assert(!P16_reservation_only_for_a_queued_intent || !{_any('c_st', c_reserved)} "
+        f"|| (c_key != 0 && i_st[c_key] == {t.initial}));"
+    )
     a_live = approval_t.initial
     claim_events_coupled = {cev for ev in t.events.values() for cev in ev.couples.values()}
     approval_events_coupled = {aev for cev in claim_t.events.values() for aev in cev.couples.values()}
@@ -1291,6 +1309,8 @@ def generate_claims(
             effs += _claim_effects(aev.effects, f"approval event {aev_name!r}", binding)
             effs.append(f"a_st[ap] = {aev.target};")
         checks = []
+        if "take_claim" in cev.effects:
+            checks.append("assert(!P15_one_live_claim_lease || t_clease != LIVE);")
         if cev.target == c_free and set(cev.sources) & set(c_began):
             checks.append(
                 f"assert(!P11_sending_claim_freed_only_when_settled || !{_any('t_cfrom', c_began)} "
@@ -1357,6 +1377,7 @@ def generate_claims(
             )
             body.append("assert(!P13_version_race_loser_sends_nothing || (ap != 0 && !(g_vers & (1 << a_ver[ap]))));")
             body.append("if :: ap != 0 -> a_used[ap] = 1; g_vers = g_vers | (1 << a_ver[ap]) :: else -> skip fi;")
+        body.append(p16)
         if ev.actor == "worker":
             if "open_attempt" in ev.effects:
                 body.append("my_gen = i_tok[k];")
@@ -1387,7 +1408,7 @@ def generate_claims(
         base = dict(CLAIMS_ACTOR_ARGS["worker"])
         binding = _Binding("worker", f"claim event {cev.name!r}", {**common, **base})
         cconds, ceffs, cchecks = claim_part(cev.name, binding, "standalone")
-        body = [*ceffs, *cchecks]
+        body = [*ceffs, *cchecks, p16]
         if "take_claim" in cev.effects:
             body.append("cl_ep = c_ep; cl_tok = c_tok;")
         if "drop_claim" in cev.effects:
@@ -1459,8 +1480,11 @@ def generate_claims(
     worker_alts = intent_alts("worker", worker_evidence, pick=False)
     for cev in standalone_claim:
         if "take_claim" in cev.effects:
+            # for any intent, not only the one it works on: it may then present that claim lease for
+            # its own intent (as a confused or stale dispatcher would)
             worker_alts.append(
-                f":: atomic {{ wk != 0 && na > 0 && ctok_seq < NC && k == wk -> {pick_ap}; cc_{cev.name}(); ap = 0; ok = 0 }}"
+                f":: atomic {{ wk != 0 && na > 0 && ctok_seq < NC && k == wk -> {pick_k}; {pick_ap}; cc_{cev.name}(); "
+                "ap = 0; k = wk; ok = 0 }"
             )
         else:
             worker_alts.append(f":: atomic {{ cl_tok != 0 && k == wk -> cc_{cev.name}(); ok = 0 }}")
