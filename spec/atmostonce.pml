@@ -157,7 +157,7 @@ bit a_named[NA + 1];        /* ghost: a named person gave it */
 bit a_used[NA + 1];         /* ghost (P12): it authorized a dispatch */
 byte na;
 byte g_vers;                /* ghost (P13): target versions the dispatched approvals were drafted against */
-bit restore_unfenced;       /* no restore in this configuration */
+bit restore_unfenced;       /* no restore in this configuration (CLAIMS_EVIDENCE) */
 
 mtype:state t_from;
 mtype:claim t_cfrom;
@@ -935,8 +935,8 @@ end:
   :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_resolve_not_sent(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
   :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_resend(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
   :: atomic { moves < CLAIMS_OPERATOR_MOVES -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_resend(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
-  :: atomic { moves < CLAIMS_OPERATOR_MOVES && restore_unfenced -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
-  :: atomic { moves < CLAIMS_OPERATOR_MOVES && restore_unfenced -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES && (!i_gap[1] && !i_gap[2]) -> if :: k = 1 :: k = 2 fi; op_named = 1; ci_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
+  :: atomic { moves < CLAIMS_OPERATOR_MOVES && (!i_gap[1] && !i_gap[2]) -> if :: k = 1 :: k = 2 fi; op_named = 0; ci_restore_fence(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; k = 0; ok = 0 }
   :: atomic { moves < CLAIMS_OPERATOR_MOVES && na > 0 -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; op_named = 1; ca_withdraw_approval(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ap = 0; ok = 0 }
   :: atomic { moves < CLAIMS_OPERATOR_MOVES && na > 0 -> if :: na >= 1 -> ap = 1 :: na >= 2 -> ap = 2 fi; op_named = 0; ca_withdraw_approval(); if :: ok -> moves++ :: else -> skip fi; op_named = 0; ap = 0; ok = 0 }
   od

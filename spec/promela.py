@@ -1040,7 +1040,15 @@ init {{
 # abstracted (CLAIMS_INTENT_GUARDS): the intent-level properties are checked in the other
 # configurations, this one checks what the claim and approval machines and the coupling add.
 
+# Callers' preconditions that differ here: no restore is modelled (rows rewound, stragglers: the
+# restore configuration), but the operator may declare the restore fence at any moment at which no
+# bytes are between their authorization and their send (the restore protocol waits out every send
+# lease first, docs/design.md), so that its coupled claim move (fence_claim: reserved or sending ->
+# uncertain) is explored against everything else.
 CLAIMS_INTENTS = 2
+CLAIMS_EVIDENCE: Mapping[str, str] = MappingProxyType(
+    {"restore_fence": "(" + " && ".join(f"!i_gap[{j}]" for j in range(1, CLAIMS_INTENTS + 1)) + ")"}
+)
 CLAIMS_APPROVALS = 2
 CLAIMS_ATTEMPTS = 2  # intent attempts begun, over both intents (attempt tokens are fresh)
 CLAIMS_TAKES = 2  # claim reservations and replacements (owner tokens are fresh)
@@ -1495,7 +1503,7 @@ def generate_claims(
     reconciler_alts = intent_alts("reconciler", lambda n: "true")
     operator_alts = []
     for n in by_actor.get("operator", []):
-        evid = _evidence(t, t.events[n], dict(extra_evidence or {}))
+        evid = _evidence(t, t.events[n], {**CLAIMS_EVIDENCE, **(extra_evidence or {})})
         cond = "moves < CLAIMS_OPERATOR_MOVES" + ("" if evid == "true" else f" && {evid}")
         for named in (1, 0):
             operator_alts.append(
@@ -1597,7 +1605,7 @@ bit a_named[NA + 1];        /* ghost: a named person gave it */
 bit a_used[NA + 1];         /* ghost (P12): it authorized a dispatch */
 byte na;
 byte g_vers;                /* ghost (P13): target versions the dispatched approvals were drafted against */
-bit restore_unfenced;       /* no restore in this configuration */
+bit restore_unfenced;       /* no restore in this configuration (CLAIMS_EVIDENCE) */
 
 mtype:state t_from;
 mtype:claim t_cfrom;
