@@ -12,8 +12,17 @@ from atmostonce.table import MACHINES, machine, table
 TARGET = "room-9"
 
 
-def gated(s, text="hello", target=TARGET):
-    return s.submit("acct", "post", target, {"text": text}, requires_approval=True)
+def gated(s, text="hello", target=TARGET, kind="post"):
+    return s.submit("acct", kind, target, {"text": text}, requires_approval=True)
+
+
+def twins(s, text="the same words"):
+    """Two distinct drafts with the same bytes: a post and a reply of one text to one target share a
+    request digest (the action kind is in the key, not in the wire bytes)."""
+    a, c = gated(s, text), gated(s, text, kind="reply")
+    assert a.key != c.key and a.request_digest == c.request_digest
+    assert (a.account, a.target) == (c.account, c.target)
+    return a, c
 
 
 def approve(s, it, **kw):
@@ -135,6 +144,39 @@ def test_editing_the_draft_after_approval_sends_nothing_but_the_unchanged_bytes_
     authorize(s, original, claim)
     assert s.get(original.key).state == "authorized"
     assert s.get(edited.key).state == "pending" and s.attempts(edited.key) == []
+
+
+def test_an_approval_of_one_draft_reserves_nothing_for_another_draft_with_the_same_bytes(any_store):
+    s = any_store.store
+    a, c = twins(s)
+    apv_a = approve(s, a)
+    before_a, before_c = everything(s, a), everything(s, c)
+    with pytest.raises(GuardRefused) as e:  # same digest, account and target: only whose draft it was differs
+        s.reserve_claim(c.key, approval_id=apv_a.approval_id, request_digest=c.request_digest, owner="w")
+    assert e.value.guard == "approval_for_intent" and e.value.event == "reserve"
+    assert (everything(s, a), everything(s, c)) == (before_a, before_c)
+    assert s.claim(TARGET).state == "free" and s.approval(apv_a.approval_id).state == "approved"
+    # C's own approval reserves, and it dispatches under it
+    apv_c = approve(s, c, approver="bob")
+    claim = reserve(s, c, apv_c)
+    assert (claim.key, claim.approval_id) == (c.key, apv_c.approval_id)
+    authorize(s, c, claim)
+    assert s.get(c.key).state == "authorized" and s.approval(apv_c.approval_id).state == "consumed"
+    assert s.get(a.key).state == "pending" and s.approval(apv_a.approval_id).state == "approved"
+
+
+def test_an_approval_of_one_draft_replaces_nothing_for_another_draft_with_the_same_bytes(any_store):
+    s = any_store.store
+    a, c = twins(s)
+    apv_a = approve(s, a)
+    reserve(s, a, apv_a, lease_seconds=10)
+    any_store.advance(11)  # the reservation lapsed: replace is the move now
+    before_a, before_c = everything(s, a), everything(s, c)
+    with pytest.raises(GuardRefused) as e:
+        s.reserve_claim(c.key, approval_id=apv_a.approval_id, request_digest=c.request_digest, owner="w2")
+    assert e.value.guard == "approval_for_intent" and e.value.event == "replace"
+    assert (everything(s, a), everything(s, c)) == (before_a, before_c)
+    assert s.claim(TARGET).key == a.key and s.claim(TARGET).epoch == 1
 
 
 def test_expiry_between_approval_and_publish_updates_nothing(any_store):
@@ -531,3 +573,25 @@ def test_a_claim_bound_to_one_draft_cannot_authorize_another(any_store):
     assert everything(s, e_) == before
     authorize(s, d, claim_d)
     assert s.get(d.key).state == "authorized"
+
+
+def test_a_claim_bound_to_one_draft_cannot_authorize_another_with_the_same_bytes(any_store):
+    """Every other guard of start_sending holds here (the claim's owner token, its lease, the reserved
+    approval, its digest, account, target and version are all the other draft's too): only the claim's
+    binding to the intent keeps E from being authorized and sent under D's claim and D's approval."""
+    s = any_store.store
+    d, e_ = twins(s)
+    apv_d = approve(s, d)
+    claim_d = reserve(s, d, apv_d)
+    approve(s, e_)
+    lease_e = s.begin(e_.key, lease_seconds=30)
+    before_d, before_e = everything(s, d), everything(s, e_)
+    with pytest.raises(GuardRefused) as e:
+        s.authorize_dispatch(lease_e, request_digest=e_.request_digest, claim=claim_d)
+    assert e.value.guard == "bound_to_intent" and e.value.event == "start_sending"
+    assert (everything(s, d), everything(s, e_)) == (before_d, before_e)
+    assert s.get(e_.key).state == "pending" and s.get(d.key).state == "pending"
+    assert [a.state for a in s.approvals(e_.key)] == ["approved"] and s.approval(apv_d.approval_id).state == "approved"
+    assert s.claim(TARGET).state == "reserved" and s.claim(TARGET).key == d.key
+    authorize(s, d, claim_d)
+    assert s.get(d.key).state == "authorized" and s.approval(apv_d.approval_id).state == "consumed"

@@ -60,17 +60,22 @@ def approval_usable(c, now, x):
 
 
 def approval_binds_request(c, now, x):
+    # the bytes, account and target of the move's own intent row; whose draft it was is approval_for_intent's
     a, i = approvals.c, intents.c
     return sa.exists().where(
         a.approval_id == x.approval_id,
-        a.key == x.key,
-        i.key == a.key,
+        i.key == x.key,
         a.request_digest == _p("request_digest"),
         a.request_digest == i.request_digest,
         a.account == i.account,
         a.target == i.target,
         a.target == c.target,
     )
+
+
+def approval_for_intent(c, now, x):
+    a = approvals.c
+    return sa.exists().where(a.approval_id == x.approval_id, a.key == x.key)
 
 
 def target_version_current(c, now, x):
@@ -100,6 +105,7 @@ CLAIM_SQL_GUARDS = {
         intent_queued,
         approval_usable,
         approval_binds_request,
+        approval_for_intent,
         target_version_current,
         claim_owner,
         claim_lease_live,

@@ -113,16 +113,23 @@ def approval_usable(row, args, now, world) -> bool:
 
 
 def approval_binds_request(row, args, now, world) -> bool:
+    """The approval's bytes, account and target: the digest presented, the intent's own (not whose
+    draft it was: two intents with the same bytes pass alike, which ``approval_for_intent`` tells apart)."""
     a, it = args.get("approval"), args.get("intent")
     return (
         a is not None
         and it is not None
-        and a["key"] == it["key"]
         and a["request_digest"] == args.get("request_digest")
         and a["request_digest"] == it["request_digest"]
         and a["account"] == it["account"]
         and a["target"] == it["target"] == row["target"]
     )
+
+
+def approval_for_intent(row, args, now, world) -> bool:
+    """The approval was given for this intent's draft (its key), not for another one with the same bytes."""
+    a = args.get("approval")
+    return a is not None and a["key"] == args.get("key")
 
 
 def target_version_current(row, args, now, world) -> bool:
@@ -156,6 +163,7 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
         intent_queued,
         approval_usable,
         approval_binds_request,
+        approval_for_intent,
         target_version_current,
         claim_owner,
         claim_lease_live,
@@ -259,7 +267,8 @@ class ClaimOperations:
         is void). ``request_digest`` is the digest of the bytes this worker means to send.
 
         Raises ``GuardRefused`` naming the refusing claim guard (``approval_usable``,
-        ``approval_binds_request``, ``target_version_current``, ``intent_queued``,
+        ``approval_binds_request`` for other bytes, ``approval_for_intent`` for an approval of another
+        intent, even one with the same bytes, ``target_version_current``, ``intent_queued``,
         ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. Seed 002.
         """
         args = {
