@@ -560,6 +560,43 @@ def test_a_claim_is_reserved_only_for_a_queued_intent(any_store):
     assert everything(s, it) == before
 
 
+@pytest.mark.parametrize("how", ["park", "exhaust"])
+def test_a_queued_intent_leaving_the_queue_releases_its_reservation(any_store, how):
+    """The formal check's P16 (docs/formal.md): parking or exhausting a queued intent used to leave its
+    reservation holding the target until the claim lease passed. It is now released in the same move."""
+    s = any_store.store
+    it = s.submit("acct", "post", TARGET, {"text": "a"}, requires_approval=True, max_attempts=1)
+    other = gated(s, "b")
+    reserve(s, it, approve(s, it))
+    epoch = s.claim(TARGET).epoch
+    if how == "park":
+        s.park(it.key, operator="ops")
+    else:  # its one attempt is begun and abandoned by the sweeper: the cap is spent
+        s.begin(it.key, lease_seconds=5)
+        any_store.advance(6)
+        s.abandon_attempt(s.get(it.key))
+        s.exhaust(it.key)
+    assert s.get(it.key).state == "parked"
+    c = s.claim(TARGET)
+    assert (c.state, c.key, c.epoch) == ("free", None, epoch)
+    [entry] = [h for h in s.claim_history(TARGET) if h.event == "release_with_intent"]
+    assert entry.from_state == "reserved"
+    assert entry.actor == ("operator:ops" if how == "park" else "worker")
+    # the target is free at once: the other draft reserves without waiting out the parked one's lease
+    claim = reserve(s, other, approve(s, other))
+    authorize(s, other, claim)
+    assert s.get(other.key).state == "authorized"
+
+
+def test_parking_an_intent_whose_claim_is_bound_to_another_leaves_that_claim_alone(any_store):
+    s = any_store.store
+    a, b = gated(s, "a"), gated(s, "b")
+    reserve(s, a, approve(s, a))
+    before = s.claim(TARGET)
+    s.park(b.key, operator="ops")
+    assert s.get(b.key).state == "parked" and s.claim(TARGET) == before
+
+
 def test_a_claim_bound_to_one_draft_cannot_authorize_another(any_store):
     s = any_store.store
     d, e_ = gated(s, "draft d"), gated(s, "draft e")

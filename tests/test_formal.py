@@ -376,6 +376,27 @@ def test_every_event_fires_in_the_checked_model(table, manifest, tmp_path):
     assert set(out.record["never_fired"]) <= {e.name for e in table.events.values() if "fence_restore" in e.effects}
 
 
+COUPLED = [e.name for e in load_table(SPEC / "table.toml").events.values() if "claim" in e.couples]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("event", COUPLED)
+def test_every_coupled_claim_move_fires_in_the_claims_configuration(table, tmp_path, event):
+    """Vacuity for the claims configuration (it has no coverage run): for every intent event that
+    couples a claim move, an assertion placed where the claim move is applied fails, so the coupled
+    move is reachable and P10-P16 are not vacuous about it."""
+    model = promela.generate(table)
+    start = model.index(f"inline ci_{event}()")
+    end = model.index("\ninline ", start + 1)
+    mark = "t_cfrom = c_st; t_clease = c_lease;"
+    at = model.index(mark, start) + len(mark)
+    assert at < end, f"ci_{event} applies no claim move"
+    probe = model[:at] + " assert(0);" + model[at:]
+    res = modelcheck.check_one(f"probe/{event}", probe, ("-DCLAIMS", "-DCUT_AT_BOUND"), tmp_path, full=False)
+    assert res.errors == 1 and res.assertion == "0", (event, res.assertion)
+    assert any(f"{event} intent" in line for line in res.trail), res.trail[-3:]
+
+
 @pytest.mark.slow
 def test_removing_the_lease_holder_guard_is_caught(table, manifest, tmp_path):
     out = modelcheck.job_ablation(table, "lease_holder", tmp_path)
