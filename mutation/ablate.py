@@ -85,6 +85,9 @@ def mutants() -> list[str]:
             mt = machine(m)
             out += [f"{layer}:guard:{g}" for g in mt.guards]
             out += [f"{layer}:{m}-source:{e.name}/{s}" for e in mt.events.values() for s in e.sources]
+    # every coupling of an intent event to a claim move (spec/table.toml `couples`), per layer
+    for layer in LAYERS:
+        out += [f"{layer}:coupling:{e.name}" for e in t.events.values() if e.couples]
     return out
 
 
@@ -92,7 +95,7 @@ def _is_claim_mutant(mutant: str) -> bool:
     from atmostonce.table import MACHINES, machine
 
     _, kind, name = mutant.split(":", 2)
-    if kind.endswith("-source"):
+    if kind.endswith("-source") or kind == "coupling":
         return True
     return kind == "guard" and any(name in machine(m).guards for m in MACHINES)
 

@@ -10,6 +10,8 @@ LAYER: ``model``, ``sqlite``, ``postgresql`` or ``runtime``. KIND and NAME:
 * ``source:<event>/<state>``: the state is removed from the event's source states in that layer;
 * ``approval-source:<event>/<state>``, ``claim-source:<event>/<state>``: the same for the approval or
   claim machine (spec/approval.toml, spec/claim.toml);
+* ``coupling:<event>``: the intent event no longer moves the claim it couples (its ``couples`` and
+  ``couples_required`` are emptied) in that layer;
 * ``outcome:<outcome>=<event>``: the runtime records ``outcome`` with ``event`` instead.
 """
 
@@ -32,6 +34,15 @@ def _table_without_source(event: str, state: str):
     ev = t.events[event]
     events = dict(t.events)
     events[event] = dataclasses.replace(ev, sources=tuple(s for s in ev.sources if s != state))
+    return dataclasses.replace(t, events=MappingProxyType(events))
+
+
+def _table_without_coupling(event: str):
+    from atmostonce.table import table
+
+    t = table()
+    events = dict(t.events)
+    events[event] = dataclasses.replace(t.events[event], couples=MappingProxyType({}), couples_required=())
     return dataclasses.replace(t, events=MappingProxyType(events))
 
 
@@ -76,6 +87,8 @@ def pytest_configure(config: pytest.Config) -> None:
     def __init__(self, *args, **kwargs):
         if kind == "source" and layer == "model":
             kwargs["table"] = _table_without_source(*name.split("/", 1))
+        if kind == "coupling" and layer == "model":
+            kwargs["table"] = _table_without_coupling(name)
         original_init(self, *args, **kwargs)
         if layer != "model" and self.dialect != layer:
             return
@@ -83,6 +96,9 @@ def pytest_configure(config: pytest.Config) -> None:
             self._disabled_guards = frozenset({name})
         elif kind == "source" and layer != "model":
             self.table = _table_without_source(*name.split("/", 1))
+            self._cache.clear()
+        elif kind == "coupling" and layer != "model":
+            self.table = _table_without_coupling(name)
             self._cache.clear()
         elif kind.endswith("-source"):
             mname = kind.removesuffix("-source")

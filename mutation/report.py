@@ -82,9 +82,9 @@ def render() -> str:
     if others:
         killed = sum(r["killed"] for r in others)
         lines += [
-            "## Source states and outcome mappings",
+            "## Source states, couplings and outcome mappings",
             "",
-            f"{killed} of {len(others)} ablations of an event's source state (per layer) or of a runtime "
+            f"{killed} of {len(others)} ablations of an event's source state or of an intent event's coupling to a claim move (per layer), or of a runtime "
             "outcome mapping were killed.",
             "",
             "| ablation | killed by |",

@@ -514,6 +514,42 @@ def test_model_and_sql_registries_cover_exactly_the_machine_catalogues():
     assert set(CLAIM_GUARDS) == set(CLAIM_SQL_GUARDS) == set(machine("claim").guards)
 
 
+def test_a_failed_read_back_leaves_the_claim_uncertain_and_the_target_held(any_store):
+    s = any_store.store
+    a, b = gated(s, "a"), gated(s, "b")
+    lease = authorize(s, a, reserve(s, a, approve(s, a)))
+    s.record_success(lease, remote_id="obj-a")
+    s.read_back_failed(lease, reason="read_back.not_found")  # the platform said yes, the read-back does not show it
+    assert s.get(a.key).state == "indeterminate"
+    c = s.claim(TARGET)
+    assert (c.state, c.key) == ("uncertain", a.key)
+    [entry] = [h for h in s.claim_history(TARGET) if h.event == "mark_uncertain"]
+    assert entry.from_state == "sending"
+    apv_b = approve(s, b)
+    before = everything(s, b)
+    with pytest.raises(IllegalMove):  # the target stays held: the post may exist
+        reserve(s, b, apv_b)
+    assert everything(s, b) == before
+
+
+def test_a_person_establishing_not_sent_frees_the_uncertain_claim(any_store):
+    s = any_store.store
+    a, b = gated(s, "a"), gated(s, "b")
+    lease = authorize(s, a, reserve(s, a, approve(s, a)))
+    s.record_unknown(lease, reason="timeout")
+    s.park(a.key, operator="ops")
+    assert s.claim(TARGET).state == "uncertain"
+    s.resolve_not_sent(a.key, operator="ops")
+    assert s.get(a.key).state == "failed"
+    c = s.claim(TARGET)
+    assert (c.state, c.key) == ("free", None)
+    [entry] = [h for h in s.claim_history(TARGET) if h.event == "settle_by_operator"]
+    assert (entry.from_state, entry.actor) == ("uncertain", "operator:ops")
+    claim = reserve(s, b, approve(s, b))  # the target is free for the next draft
+    authorize(s, b, claim)
+    assert s.get(b.key).state == "authorized"
+
+
 def test_a_deliberate_resend_by_an_operator_reopens_an_uncertain_claim(any_store):
     s = any_store.store
     it = gated(s)
