@@ -194,7 +194,8 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
     if revived:
         lines.append(
             f"{len(revived)} mutants survived a first run and were killed after new tests "
-            "(tests/test_refusal_messages.py, tests/test_identity_format.py, tests/test_gate_scoping.py) were added; "
+            "(tests/test_refusal_messages.py, tests/test_identity_format.py, tests/test_gate_scoping.py, "
+            "tests/test_checks.py) were added; "
             "each was run again by name:"
         )
         lines.append("")
