@@ -98,6 +98,10 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         "`atmostonce` and `atmostonce_sql` are symlinks to their source roots, and runs mutmut there; mutmut "
         "copies them to `build/mutmut/mutants/` and puts that first on `sys.path`, ahead of the editable "
         "install's finder (which setuptools appends to `sys.meta_path`).",
+        "* That finder maps every import name onto the tree `pip install -e` ran in, which may be another "
+        "worktree sharing the venv; `mutation/mutmut_run.py` therefore puts this checkout's `reference/` and "
+        "`adapters/` first on `PYTHONPATH`, so the packages mutmut does not copy (`atmostonce_http`, "
+        "`atmostonce_cli`, `atmostonce_matrix`) and any subprocess a test starts come from the checkout under test.",
         "* In 3.8.1 `paths_to_mutate` and `tests_dir` are deprecated: the keys used are `source_paths`, "
         "`only_mutate` (the whole of `atmostonce/`, and only `guards.py` of `atmostonce_sql/`), `also_copy` "
         "(folders tests read by path), `pytest_add_cli_args` (the `make quick` marker and ignores, always "
@@ -190,7 +194,8 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
     if revived:
         lines.append(
             f"{len(revived)} mutants survived a first run and were killed after new tests "
-            "(tests/test_refusal_messages.py, tests/test_identity_format.py, tests/test_gate_scoping.py) were added; "
+            "(tests/test_refusal_messages.py, tests/test_identity_format.py, tests/test_gate_scoping.py, "
+            "tests/test_checks.py) were added; "
             "each was run again by name:"
         )
         lines.append("")

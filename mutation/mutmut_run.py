@@ -44,6 +44,13 @@ LINKS = {
     "mutation": "mutation",
 }
 
+# The source roots of this checkout. The editable install's finder maps every import name onto the tree
+# `pip install -e` ran in, which may be another worktree sharing the venv; mutmut puts only mutants/ ahead
+# of it, so atmostonce_http, atmostonce_cli, atmostonce_matrix (and any subprocess a test starts) would
+# come from that other tree. Prepending these to PYTHONPATH keeps them in this checkout; mutants/ still
+# comes first on sys.path, so the mutated atmostonce and atmostonce_sql win.
+SOURCE_ROOTS = ("reference", "adapters")
+
 
 def stage(stage_dir: Path = STAGE) -> Path:
     """Create (or refresh) the staging folder; returns it."""
@@ -66,11 +73,19 @@ def mutmut_bin() -> str:
     return str(here) if here.exists() else "mutmut"
 
 
-def run(names: list[str], max_children: int, *, record: bool = False, stage_dir: Path = STAGE) -> int:
-    stage(stage_dir)
-    env = dict(os.environ)
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """mutmut's environment: this checkout's source roots first on PYTHONPATH, bytecode caching on."""
+    env = dict(os.environ if environ is None else environ)
+    roots = [str(ROOT / r) for r in SOURCE_ROOTS]
+    env["PYTHONPATH"] = os.pathsep.join([*roots, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     # mutated modules are large; without their bytecode cache every worker compiles them again
     env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def run(names: list[str], max_children: int, *, record: bool = False, stage_dir: Path = STAGE) -> int:
+    stage(stage_dir)
+    env = child_env()
     started = time.monotonic()
     cmd = [mutmut_bin(), "run", "--max-children", str(max_children), *names]
     print("+ (cd", stage_dir.relative_to(ROOT), "&&", "mutmut", " ".join(cmd[1:]) + ")", flush=True)

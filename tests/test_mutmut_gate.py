@@ -144,3 +144,25 @@ def test_docs_mutmut_md_is_generated_from_the_recorded_results():
     from mutation.mutmut_report import DOC
 
     assert DOC.read_text("utf-8") == render(), "docs/mutmut.md is stale: python -m mutation.mutmut_report --write"
+
+
+def test_mutmut_runs_import_the_unmutated_packages_from_this_checkout(tmp_path):
+    # the editable install may point at another worktree; mutmut only puts mutants/ ahead of it
+    import subprocess
+    import sys
+
+    from mutation.mutmut_run import ROOT, child_env
+
+    env = child_env({"PATH": "/usr/bin:/bin", "PYTHONPATH": "/elsewhere", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert env["PYTHONPATH"].split(":") == [str(ROOT / "reference"), str(ROOT / "adapters"), "/elsewhere"]
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    code = "import atmostonce, atmostonce_http, atmostonce_cli; print(atmostonce.__file__, atmostonce_http.__file__, atmostonce_cli.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    files = out.stdout.split()
+    assert files == [
+        str(ROOT / "reference/atmostonce/__init__.py"),
+        str(ROOT / "adapters/atmostonce_http/__init__.py"),
+        str(ROOT / "adapters/atmostonce_cli/__init__.py"),
+    ]
