@@ -18,6 +18,7 @@ from atmostonce.checks import (
     one_creator,
     only_retry_reenters_initial,
     outcomes_map_to_states,
+    queue_exits_release_the_claim,
     references_resolve,
     uncertain_claim_left_only_on_evidence,
     unknown_never_resent_by_machine,
@@ -207,7 +208,12 @@ def test_couplings_name_the_owner_and_what_is_missing():
 
 def test_the_claim_checks_need_a_claim_machine():
     intent, only_approval = table(), {"approval": machine("approval")}
-    for check in (dispatch_needs_the_claim, in_flight_exits_move_the_claim, uncertain_claim_left_only_on_evidence):
+    for check in (
+        dispatch_needs_the_claim,
+        in_flight_exits_move_the_claim,
+        queue_exits_release_the_claim,
+        uncertain_claim_left_only_on_evidence,
+    ):
         assert check(intent, only_approval) == ["no claim machine"], check.__name__
 
 
@@ -225,6 +231,21 @@ def test_an_in_flight_exit_that_leaves_the_claim_sending_is_named():
         assert in_flight_exits_move_the_claim(t, ms) == [
             "intent event record_unknown leaves the in-flight state but leaves the claim sending"
         ], couples
+
+
+def test_a_queue_exit_that_leaves_the_reservation_held_is_named():
+    ms = machines()
+    assert queue_exits_release_the_claim(table(), ms) == []
+    # no claim move; a claim move from sending only; one that stays reserved (replace)
+    for couples in ({}, {"claim": "settle"}, {"claim": "replace"}):
+        for name in ("park", "exhaust", "block_at_gate"):
+            t = with_event(table(), name, couples=MappingProxyType(couples))
+            assert queue_exits_release_the_claim(t, ms) == [
+                f"intent event {name} takes the intent out of the queue but leaves its reservation held"
+            ], (name, couples)
+    # begin stays in the queue and authorize_dispatch enters flight: neither needs to release
+    t = with_event(table(), "begin", couples=MappingProxyType({}))
+    assert queue_exits_release_the_claim(with_event(t, "authorize_dispatch", couples=MappingProxyType({})), ms) == []
 
 
 def test_an_uncertain_claim_freed_without_a_settling_intent_move_is_named():

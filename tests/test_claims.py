@@ -84,6 +84,8 @@ def test_every_machine_check_bites(monkeypatch):
             intent,
             machines | {"claim": with_event(claim, "expire_sending", target="free")},
         ),
+        # parking a queued intent that holds a reservation, without releasing it
+        "queue_exits_release_the_claim": (with_event(intent, "park", couples=MappingProxyType({})), machines),
         "couplings_resolve": (
             with_event(intent, "record_unknown", couples=MappingProxyType({"claim": "no_such_event"})),
             machines,

@@ -209,6 +209,24 @@ def in_flight_exits_move_the_claim(intent: Table, machines: dict[str, Table]) ->
     return out
 
 
+def queue_exits_release_the_claim(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """Every intent event that takes an intent out of the queue (the initial state) other than into the
+    in-flight state couples a claim event that leaves the pre-dispatch state: a reservation is never left
+    holding the target for an intent that cannot dispatch (the formal check's P16, docs/formal.md)."""
+    claim = machines.get("claim")
+    if claim is None:
+        return ["no claim machine"]
+    queued, inflight = intent.initial, set(intent.states_of_kind("in_flight"))
+    held = _kinds(claim, "pre_dispatch")
+    out = []
+    for e in intent.events.values():
+        if queued in e.sources and e.target != queued and e.target not in inflight:
+            ce = claim.events.get(e.couples.get("claim", ""))
+            if ce is None or not set(ce.sources) & held or ce.target in held:
+                out.append(f"intent event {e.name} takes the intent out of the queue but leaves its reservation held")
+    return out
+
+
 def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Table]) -> list[str]:
     """A claim that began sending is never reclaimed by a timer (seed 002): every machine actor's claim event
     from a dispatching or uncertain state to a free or pre-dispatch one is coupled only to intent events that
@@ -253,6 +271,7 @@ MACHINE_CHECKS: dict[str, Callable[[Table, dict[str, Table]], list[str]]] = {
         couplings_resolve,
         dispatch_needs_the_claim,
         in_flight_exits_move_the_claim,
+        queue_exits_release_the_claim,
         uncertain_claim_left_only_on_evidence,
     )
 }
