@@ -92,10 +92,10 @@
  *   An approval leaves its live state only by being consumed by a dispatch, by a machine once
  *   its deadline has passed (database clock), or by an identified person.
  * P15_one_live_claim_lease:
- *   At most one holder of a live claim lease: a worker reserves or replaces the target's claim
- *   only when nobody holds it under a lease that is still live (the claim-level counterpart of
- *   P6). A reservation ends when its holder releases it or dispatches, when the database clock
- *   passes its lease, or with an intent move of its own intent.
+ *   At most one holder of a live claim lease (the claim-level counterpart of P6): a worker that
+ *   still holds the target's reservation (it has neither released it nor crashed) under a lease
+ *   the database clock has not passed is never superseded by another worker's reserve or
+ *   replace.
  * P16_reservation_only_for_a_queued_intent:
  *   Whenever the claim is reserved, the intent it is bound to is queued (the initial state), so
  *   a reservation never holds the target for an intent that cannot dispatch: it is taken only
@@ -157,16 +157,17 @@ bit a_named[NA + 1];        /* ghost: a named person gave it */
 bit a_used[NA + 1];         /* ghost (P12): it authorized a dispatch */
 byte na;
 byte g_vers;                /* ghost (P13): target versions the dispatched approvals were drafted against */
+byte g_ctok[2];             /* ghost (P15): the claim owner token each worker holds (0: none; forgotten on a crash) */
 bit restore_unfenced;       /* no restore in this configuration (CLAIMS_EVIDENCE) */
 
 mtype:state t_from;
 mtype:claim t_cfrom;
 mtype:approval t_afrom;
-byte t_clease;
+byte t_clease, t_ctok;
 bit t_app;
 
 inline cworker_reset() {
-  wk = 0; my_gen = 0; cl_ep = 0; cl_tok = 0; out = SEND_NONE; authed = 0
+  wk = 0; my_gen = 0; cl_ep = 0; cl_tok = 0; g_ctok[w] = 0; out = SEND_NONE; authed = 0
 }
 
 /* begin (worker): pending -> pending; intent guards: no_open_attempt, attempts_remaining
@@ -184,7 +185,7 @@ inline ci_begin() {
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        my_gen = i_tok[k];
        printf("MSC: worker %d: begin intent %d (%e -> pending) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -215,7 +216,7 @@ inline ci_authorize_dispatch() {
        /* effect claim_text_slot */ skip;
        /* effect take_rate_slot */ skip;
        i_st[k] = authorized;
-       t_cfrom = c_st; t_clease = c_lease;
+       t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
        /* effect bump_target_version */ tver++;
        /* effect extend_claim_lease */ c_lease = LIVE; c_tied = 1;
        c_st = sending;
@@ -228,7 +229,7 @@ inline ci_authorize_dispatch() {
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        authed = 1; i_gap[k] = 1;
        printf("MSC: worker %d: authorize_dispatch intent %d (%e -> authorized) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -251,7 +252,7 @@ inline ci_block_at_gate() {
        i_st[k] = parked;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
        :: else -> skip
@@ -259,7 +260,7 @@ inline ci_block_at_gate() {
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: block_at_gate intent %d (%e -> parked) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -280,7 +281,7 @@ inline ci_record_success() {
        i_st[k] = authorized;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: worker %d: record_success intent %d (%e -> authorized) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -304,7 +305,7 @@ inline ci_confirm_read_back() {
        i_st[k] = published;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
@@ -313,7 +314,7 @@ inline ci_confirm_read_back() {
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: confirm_read_back intent %d (%e -> published) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -337,14 +338,14 @@ inline ci_read_back_failed() {
        i_st[k] = indeterminate;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           c_st = uncertain;
        :: else -> skip
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: read_back_failed intent %d (%e -> indeterminate) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -368,7 +369,7 @@ inline ci_record_not_sent() {
        i_st[k] = failed;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
@@ -377,7 +378,7 @@ inline ci_record_not_sent() {
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: record_not_sent intent %d (%e -> failed) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -400,14 +401,14 @@ inline ci_record_unknown() {
        i_st[k] = indeterminate;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           c_st = uncertain;
        :: else -> skip
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        cworker_reset();
        printf("MSC: worker %d: record_unknown intent %d (%e -> indeterminate) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -430,13 +431,13 @@ inline ci_expire_lease() {
        i_st[k] = indeterminate;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           c_st = uncertain;
        :: else -> skip
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: sweeper: expire_lease intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -457,7 +458,7 @@ inline ci_abandon_attempt() {
        i_st[k] = pending;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: sweeper: abandon_attempt intent %d (%e -> pending) claim %e\n", k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -480,7 +481,7 @@ inline ci_reconcile_found() {
        i_st[k] = published;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
@@ -488,7 +489,7 @@ inline ci_reconcile_found() {
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: reconcile_found intent %d (%e -> published) claim %e\n", k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -509,7 +510,7 @@ inline ci_reconcile_not_found() {
        i_st[k] = indeterminate;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: reconcile_not_found intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -535,7 +536,7 @@ inline ci_reconcile_absent() {
        i_st[k] = failed;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || 0);
@@ -543,7 +544,7 @@ inline ci_reconcile_absent() {
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: reconcile_absent intent %d (%e -> failed) claim %e\n", k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -562,7 +563,7 @@ inline ci_park_unreconcilable() {
        i_st[k] = parked;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: reconciler: park_unreconcilable intent %d (%e -> parked) claim %e\n", k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -581,7 +582,7 @@ inline ci_retry() {
        i_st[k] = pending;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: worker %d: retry intent %d (%e -> pending) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -603,14 +604,14 @@ inline ci_exhaust() {
        i_st[k] = parked;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
        :: else -> skip
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: worker %d: exhaust intent %d (%e -> parked) claim %e\n", w, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -632,14 +633,14 @@ inline ci_park() {
        i_st[k] = parked;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
        :: else -> skip
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): park intent %d (%e -> parked) claim %e\n", op_named, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -661,7 +662,7 @@ inline ci_resolve_published() {
        i_st[k] = published;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
@@ -669,7 +670,7 @@ inline ci_resolve_published() {
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): resolve_published intent %d (%e -> published) claim %e\n", op_named, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -692,7 +693,7 @@ inline ci_resolve_not_sent() {
        i_st[k] = failed;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
@@ -700,7 +701,7 @@ inline ci_resolve_not_sent() {
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): resolve_not_sent intent %d (%e -> failed) claim %e\n", op_named, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -723,7 +724,7 @@ inline ci_resend() {
        i_st[k] = pending;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
           c_st = free;
           assert(!P11_sending_claim_freed_only_when_settled || !(t_cfrom == sending || t_cfrom == uncertain) || (i_st[k] == published || i_st[k] == failed) || op_named);
@@ -731,7 +732,7 @@ inline ci_resend() {
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): resend intent %d (%e -> pending) claim %e\n", op_named, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -753,13 +754,13 @@ inline ci_restore_fence() {
        i_st[k] = indeterminate;
        if
        :: t_app ->
-          t_cfrom = c_st; t_clease = c_lease;
+          t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
           c_st = uncertain;
        :: else -> skip
        fi;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
        printf("MSC: operator (named=%d): restore_fence intent %d (%e -> indeterminate) claim %e\n", op_named, k, t_from, c_st);
-       t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
     :: else -> ok = 0
     fi;
     ap = 0
@@ -771,14 +772,14 @@ inline cc_reserve() {
   d_step {
     if
     :: (c_st == free) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_key[ap] == k)) &&((ap != 0 && a_ver[ap] == tver)) ->
-       t_cfrom = c_st; t_clease = c_lease;
+       t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
        /* effect take_claim */ c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0;
        c_st = reserved;
-       assert(!P15_one_live_claim_lease || t_clease != LIVE);
+       assert(!P15_one_live_claim_lease || t_clease != LIVE || ((w == 0 || g_ctok[0] == 0 || g_ctok[0] != t_ctok) && (w == 1 || g_ctok[1] == 0 || g_ctok[1] != t_ctok)));
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
-       cl_ep = c_ep; cl_tok = c_tok;
+       cl_ep = c_ep; cl_tok = c_tok; g_ctok[w] = c_tok;
        printf("MSC: worker %d: claim reserve for intent %d approval %d (%e -> reserved) epoch %d\n", w, k, ap, t_cfrom, c_ep);
-       t_cfrom = 0; t_clease = 0; ok = 1
+       t_cfrom = 0; t_clease = 0; t_ctok = 0; ok = 1
     :: else -> ok = 0
     fi
   }
@@ -789,14 +790,14 @@ inline cc_replace() {
   d_step {
     if
     :: (c_st == reserved) &&(c_lease == EXPIRED) &&(i_st[k] == pending) &&((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) &&((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) &&((ap != 0 && a_key[ap] == k)) &&((ap != 0 && a_ver[ap] == tver)) ->
-       t_cfrom = c_st; t_clease = c_lease;
+       t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
        /* effect take_claim */ c_ep++; ctok_seq++; c_tok = ctok_seq; c_key = k; c_apv = ap; c_lease = LIVE; c_tied = 0;
        c_st = reserved;
-       assert(!P15_one_live_claim_lease || t_clease != LIVE);
+       assert(!P15_one_live_claim_lease || t_clease != LIVE || ((w == 0 || g_ctok[0] == 0 || g_ctok[0] != t_ctok) && (w == 1 || g_ctok[1] == 0 || g_ctok[1] != t_ctok)));
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
-       cl_ep = c_ep; cl_tok = c_tok;
+       cl_ep = c_ep; cl_tok = c_tok; g_ctok[w] = c_tok;
        printf("MSC: worker %d: claim replace for intent %d approval %d (%e -> reserved) epoch %d\n", w, k, ap, t_cfrom, c_ep);
-       t_cfrom = 0; t_clease = 0; ok = 1
+       t_cfrom = 0; t_clease = 0; t_ctok = 0; ok = 1
     :: else -> ok = 0
     fi
   }
@@ -807,13 +808,13 @@ inline cc_release() {
   d_step {
     if
     :: (c_st == reserved) &&((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) ->
-       t_cfrom = c_st; t_clease = c_lease;
+       t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;
        /* effect drop_claim */ c_tok = 0; c_key = 0; c_apv = 0; c_lease = NONE; c_tied = 0;
        c_st = free;
        assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
-       cl_ep = 0; cl_tok = 0;
+       cl_ep = 0; cl_tok = 0; g_ctok[w] = 0;
        printf("MSC: worker %d: claim release for intent %d approval %d (%e -> free) epoch %d\n", w, k, ap, t_cfrom, c_ep);
-       t_cfrom = 0; t_clease = 0; ok = 1
+       t_cfrom = 0; t_clease = 0; t_ctok = 0; ok = 1
     :: else -> ok = 0
     fi
   }

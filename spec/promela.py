@@ -1082,10 +1082,10 @@ CLAIM_PROPERTIES: Mapping[str, str] = MappingProxyType(
             "once its deadline has passed (database clock), or by an identified person."
         ),
         "P15_one_live_claim_lease": (
-            "At most one holder of a live claim lease: a worker reserves or replaces the target's "
-            "claim only when nobody holds it under a lease that is still live (the claim-level "
-            "counterpart of P6). A reservation ends when its holder releases it or dispatches, when "
-            "the database clock passes its lease, or with an intent move of its own intent."
+            "At most one holder of a live claim lease (the claim-level counterpart of P6): a worker "
+            "that still holds the target's reservation (it has neither released it nor crashed) "
+            "under a lease the database clock has not passed is never superseded by another "
+            "worker's reserve or replace."
         ),
         "P16_reservation_only_for_a_queued_intent": (
             "Whenever the claim is reserved, the intent it is bound to is queued (the initial "
@@ -1305,7 +1305,7 @@ def generate_claims(
         for g in cev.guards:
             if g != drop_guard:
                 conds.append(_claim_guard(g, f"{where}: claim event {cev_name!r}", binding))
-        effs = ["t_cfrom = c_st; t_clease = c_lease;"]
+        effs = ["t_cfrom = c_st; t_clease = c_lease; t_ctok = c_tok;"]
         effs += _claim_effects(cev.effects, f"claim event {cev_name!r}", binding)
         effs.append(f"c_st = {cev.target};")
         for aev_name in cev.couples.values():
@@ -1318,7 +1318,8 @@ def generate_claims(
             effs.append(f"a_st[ap] = {aev.target};")
         checks = []
         if "take_claim" in cev.effects:
-            checks.append("assert(!P15_one_live_claim_lease || t_clease != LIVE);")
+            others = " && ".join(f"(w == {v} || g_ctok[{v}] == 0 || g_ctok[{v}] != t_ctok)" for v in range(W))
+            checks.append(f"assert(!P15_one_live_claim_lease || t_clease != LIVE || ({others}));")
         if cev.target == c_free and set(cev.sources) & set(c_began):
             checks.append(
                 f"assert(!P11_sending_claim_freed_only_when_settled || !{_any('t_cfrom', c_began)} "
@@ -1396,7 +1397,7 @@ def generate_claims(
         who = {"worker": "worker %d", "operator": "operator (named=%d)"}.get(ev.actor, ev.actor)
         arg = {"worker": ", w", "operator": ", op_named"}.get(ev.actor, "")
         body.append(f'printf("MSC: {who}: {ev.name} intent %d (%e -> {ev.target}) claim %e\\n"{arg}, k, t_from, c_st);')
-        body.append("t_from = 0; t_cfrom = 0; t_clease = 0; t_app = 0; ok = 1")
+        body.append("t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1")
         header = (
             f"/* {ev.name} ({ev.actor}): {', '.join(ev.sources)} -> {ev.target}; intent guards: {', '.join(ev.guards) or '-'}\n"
             f"   couples: {dict(ev.couples) or '-'}{' (required)' if ev.couples_required else ''} */"
@@ -1418,13 +1419,13 @@ def generate_claims(
         cconds, ceffs, cchecks = claim_part(cev.name, binding, "standalone")
         body = [*ceffs, *cchecks, p16]
         if "take_claim" in cev.effects:
-            body.append("cl_ep = c_ep; cl_tok = c_tok;")
+            body.append("cl_ep = c_ep; cl_tok = c_tok; g_ctok[w] = c_tok;")
         if "drop_claim" in cev.effects:
-            body.append("cl_ep = 0; cl_tok = 0;")
+            body.append("cl_ep = 0; cl_tok = 0; g_ctok[w] = 0;")
         body.append(
             f'printf("MSC: worker %d: claim {cev.name} for intent %d approval %d (%e -> {cev.target}) epoch %d\\n", w, k, ap, t_cfrom, c_ep);'
         )
-        body.append("t_cfrom = 0; t_clease = 0; ok = 1")
+        body.append("t_cfrom = 0; t_clease = 0; t_ctok = 0; ok = 1")
         inlines.append(
             f"/* claim {cev.name} (worker): {', '.join(cev.sources)} -> {cev.target}; guards: {', '.join(cev.guards)} */\n"
             f"inline cc_{cev.name}() {{\n  d_step {{\n    if\n    :: {' &&'.join(cconds)} ->\n"
@@ -1605,16 +1606,17 @@ bit a_named[NA + 1];        /* ghost: a named person gave it */
 bit a_used[NA + 1];         /* ghost (P12): it authorized a dispatch */
 byte na;
 byte g_vers;                /* ghost (P13): target versions the dispatched approvals were drafted against */
+byte g_ctok[{W}];             /* ghost (P15): the claim owner token each worker holds (0: none; forgotten on a crash) */
 bit restore_unfenced;       /* no restore in this configuration (CLAIMS_EVIDENCE) */
 
 mtype:state t_from;
 mtype:claim t_cfrom;
 mtype:approval t_afrom;
-byte t_clease;
+byte t_clease, t_ctok;
 bit t_app;
 
 inline cworker_reset() {{
-  wk = 0; my_gen = 0; cl_ep = 0; cl_tok = 0; out = SEND_NONE; authed = 0
+  wk = 0; my_gen = 0; cl_ep = 0; cl_tok = 0; g_ctok[w] = 0; out = SEND_NONE; authed = 0
 }}
 
 {(nl + nl).join(inlines)}

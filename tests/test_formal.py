@@ -273,6 +273,15 @@ def test_the_manifest_records_a_clean_model_and_a_caught_broken_configuration(ma
     assert manifest["table"] == f"{load_table(SPEC / 'table.toml').name} {load_table(SPEC / 'table.toml').version}"
 
 
+def test_the_docs_show_the_recorded_broken_trails(manifest):
+    """The counterexamples printed in docs/formal.md are the recorded ones, event line for event line."""
+    doc = (ROOT / "docs" / "formal.md").read_text("utf-8")
+    trails = [manifest["broken"]["retry_on_unknown"]["trail"], manifest["broken"]["claim_freed_on_unknown"]["trail"]]
+    for trail in trails:
+        events = [line for line in trail if not line.lstrip().startswith("failed assertion")]
+        assert events and "\n".join(events) in doc, events[:3]
+
+
 def test_the_docs_show_the_recorded_ablation_results(manifest):
     doc = (ROOT / "docs" / "formal.md").read_text("utf-8")
     ablations = doc.split("## Proof that it bites")[1].split("\n## ")[0]
@@ -331,6 +340,19 @@ def test_parse_pan_reads_a_clean_report_and_flags_truncation():
     assert modelcheck.parse_pan(PAN_CLEAN + "error: max search depth too small\n").truncated
     with pytest.raises(ValueError):
         modelcheck.parse_pan("not a pan report")
+    assert not r.truncated
+    # pan stops at its memory bound, says so, prints normal statistics with no error, and exits 0
+    memlim = "pan: reached -DMEMLIM bound\n\t64 Mb\nWarning: Search not completed\n" + PAN_CLEAN
+    assert modelcheck.parse_pan(memlim).truncated
+    assert modelcheck.parse_pan("Warning: Search not completed\n" + PAN_CLEAN).truncated
+    # a search that stops at its first counterexample is not "truncated": it found what it looked for
+    assert not modelcheck.parse_pan(PAN_ERROR).truncated
+
+
+def test_only_a_named_property_counts_as_a_catch():
+    assert modelcheck._is_property("P10_one_dispatch_per_target")
+    for other in (None, "BOUND_request_slots", "invalid end state", "(t_app==0)", "0"):
+        assert not modelcheck._is_property(other), other
 
 
 def test_trimmed_trail_keeps_the_events_and_ends_with_the_failed_assertion():
@@ -377,6 +399,33 @@ def test_every_event_fires_in_the_checked_model(table, manifest, tmp_path):
 
 
 COUPLED = [e.name for e in load_table(SPEC / "table.toml").events.values() if "claim" in e.couples]
+_CLAIM, _APPROVAL = machine("claim"), machine("approval")
+STANDALONE = [
+    *(
+        f"cc_{e}"
+        for e in _CLAIM.events
+        if e not in {c for ie in load_table(SPEC / "table.toml").events.values() for c in ie.couples.values()}
+    ),
+    *(
+        f"ca_{e}"
+        for e in _APPROVAL.events
+        if e not in {a for ce in _CLAIM.events.values() for a in ce.couples.values()}
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inline", STANDALONE)
+def test_every_standalone_claim_and_approval_move_fires_in_the_claims_configuration(table, tmp_path, inline):
+    """The same for the claim and approval moves no intent event carries: their successful branch is reached."""
+    model = promela.generate(table)
+    start = model.index(f"inline {inline}()")
+    end = model.find("\ninline ", start + 1)
+    at = model.index(" ->\n", start) + len(" ->\n")
+    assert end == -1 or at < end, f"{inline} has no successful branch"
+    probe = model[:at] + " assert(0);\n" + model[at:]
+    res = modelcheck.check_one(f"probe/{inline}", probe, ("-DCLAIMS", "-DCUT_AT_BOUND"), tmp_path, full=False)
+    assert res.errors == 1 and res.assertion == "0", (inline, res.assertion)
 
 
 @pytest.mark.slow
