@@ -180,6 +180,25 @@ def test_a_restore_closes_an_open_attempt_under_the_restore_fence(any_store):
     assert s.get(it.key).state == "indeterminate"
 
 
+def test_an_attempt_record_carries_its_token_number_generation_and_opening_time(any_store):
+    s = any_store.store
+    it = submit(s)
+    first = s.begin(it.key, lease_seconds=30)
+    any_store.advance(31)
+    s.abandon_attempt(s.get(it.key))
+    second = s.begin(it.key, lease_seconds=30)
+    a, b = s.attempts(it.key)
+    assert (a.attempt_token, a.key, a.number, a.generation, a.outcomes) == (
+        first.attempt_token,
+        it.key,
+        1,
+        first.generation,
+        ("abandon_attempt",),
+    )
+    assert (b.attempt_token, b.number, b.generation, b.outcomes) == (second.attempt_token, 2, second.generation, ())
+    assert isinstance(a.opened_at, float) and a.opened_at <= b.opened_at
+
+
 def test_an_account_kill_switch_stops_that_account_only(any_store):
     s = any_store.store
     s.set_kill_switch("account:acct", True, operator="ops")
@@ -251,6 +270,7 @@ def test_a_move_stamps_updated_at_with_the_store_clock(clocked):
     s.begin(it.key)
     got = s.get(it.key)
     assert (got.created_at, got.updated_at) == (it.created_at, clock.t)
+    assert s.attempts(it.key)[0].opened_at == clock.t
 
 
 def test_reconciliation_rows_are_stamped_with_the_time_of_their_move(clocked):
