@@ -463,6 +463,8 @@ class MemoryClaims:
     def _record_claim_refusal(self, exc: Rejected, row, args, now) -> None:
         from .records import Refusal
 
+        if row["target"] not in self._claims:  # no claim of that target ever existed to go stale: like the SQL
+            return  # stores (whose refused move rolls back the claim row it would have created), record nothing
         last = [h.seq for h in self._claim_history if h.machine == "claim" and h.subject == row["target"]]
         presented = {"owner": args.get("owner"), "claim_epoch": args.get("claim_epoch"), "key": args.get("key")}
         current = {"state": row["state"], "epoch": row["epoch"], "owner": row["owner"], "key": row["key"]}
