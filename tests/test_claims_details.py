@@ -368,7 +368,7 @@ def test_an_approval_is_due_and_unusable_exactly_at_its_deadline():
     it = gated(s, target=TARGET)
     kept, swept = approve(s, it, expires_in=60), approve(s, it, expires_in=60)
     clock.advance(60)
-    assert [a.approval_id for a in s.due_approvals()] == [kept.approval_id, swept.approval_id]
+    assert [a.approval_id for a in s.due_approvals()] == sorted([kept.approval_id, swept.approval_id])
     with pytest.raises(GuardRefused) as info:
         reserve(s, it, kept)
     assert info.value.guard == "approval_usable"
@@ -398,3 +398,31 @@ def test_due_approvals_come_oldest_deadline_first_a_hundred_by_default():
     assert len(due) == 100
     assert [a.approval_id for a in due[:3]] == [early.approval_id, late.approval_id, rest[0].approval_id]
     assert len(s.due_approvals(limit=200)) == 102
+
+
+# ---------------------------------------------------------------- order of the approval lists, ties included
+def _same_stamps(any_store, key, **stamps):
+    """Give every approval of ``key`` the same stamps: the model's clock already did (it was not moved); on
+    SQL the rows are rewritten, as a database clock that reads the same twice would have written them."""
+    if any_store.kind == "memory":
+        return
+    import sqlalchemy as sa
+
+    from atmostonce_sql.schema import approvals
+
+    with any_store.store.engine.begin() as conn:
+        conn.execute(sa.update(approvals).where(approvals.c.key == key).values(**stamps))
+
+
+def test_approvals_with_the_same_time_come_in_the_same_order_on_every_store(any_store):
+    """Ordered by approval time, then by approval id, on the model and SQL alike (the model used to break
+    ties by arrival, the SQL stores by id)."""
+    s = any_store.store
+    it = gated(s, target=TARGET)
+    made = [approve(s, it, approver=f"approver {i}", expires_in=60) for i in range(8)]
+    _same_stamps(any_store, it.key, approved_at=made[0].approved_at, expires_at=made[0].expires_at)
+    ids = sorted(a.approval_id for a in made)
+    assert [a.approval_id for a in s.approvals(it.key)] == ids
+    any_store.advance(61)
+    assert [a.approval_id for a in s.due_approvals()] == ids
+    assert [a.approval_id for a in s.due_approvals(limit=3)] == ids[:3]

@@ -457,7 +457,7 @@ class SqlClaims:
         q = (
             sa.select(approvals)
             .where(a.state == self.approval_table.initial, a.expires_at <= self._now)
-            .order_by(a.expires_at)
+            .order_by(a.expires_at, a.approval_id)  # a total order, the model's
             .limit(limit)
         )
         with self._tx() as conn:

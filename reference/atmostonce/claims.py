@@ -557,7 +557,8 @@ class MemoryClaims:
         check_text("key", key, max_chars=256)
         with self._lock:  # type: ignore[attr-defined]
             rows = [r for r in self._approvals.values() if r["key"] == key]
-            return [_approval(r) for r in sorted(rows, key=lambda r: r["approved_at"])]  # stable: then by arrival
+            # as the SQL stores order them: by approval time, then by id
+            return [_approval(r) for r in sorted(rows, key=lambda r: (r["approved_at"], r["approval_id"]))]
 
     def due_approvals(self, limit: int = 100) -> list[Approval]:
         check_limit(limit)
@@ -565,7 +566,7 @@ class MemoryClaims:
             now = self.now()  # type: ignore[attr-defined]
             live = self.approval_table.initial  # type: ignore[attr-defined]
             rows = [r for r in self._approvals.values() if r["state"] == live and r["expires_at"] <= now]
-            return [_approval(r) for r in sorted(rows, key=lambda r: r["expires_at"])[:limit]]
+            return [_approval(r) for r in sorted(rows, key=lambda r: (r["expires_at"], r["approval_id"]))[:limit]]
 
     def claim_history(self, target: str) -> list[ClaimEntry]:
         """Every move of ``target``'s claim and of the approvals for it, in store sequence order."""
