@@ -74,7 +74,9 @@ def test_a_retraction_is_checked_condition_by_condition(any_store):
     s.record_success(lease, remote_id="r-3")
     s.read_back_failed(lease, reason="read_back.not_found")
     assert s.get(sent.key).remote_id == "r-3"
-    assert refusal(by_hand, s, "delete", {"retracts": sent.key, "remote_id": "r-3", "mode": "delete"}) == NAME_A_PUBLISHED
+    assert (
+        refusal(by_hand, s, "delete", {"retracts": sent.key, "remote_id": "r-3", "mode": "delete"}) == NAME_A_PUBLISHED
+    )
     # a published retraction is not itself retracted
     r = publish(s, s.submit_retraction(orig.key), remote_id="r-1")
     assert refusal(by_hand, s, "delete", {"retracts": r.key, "remote_id": "r-1", "mode": "delete"}) == NAME_A_PUBLISHED
@@ -217,10 +219,10 @@ def test_declare_restore_lists_each_source_state_in_batches_of_500():
 
 
 def test_declare_restore_stops_at_a_batch_that_moves_nothing():
-    a0 = Listing(clock=FakeClock())
-    a, b = submit(a0, text="a"), submit(a0, text="b")
-    a0.refuse = {a.key}
-    epoch, fenced = a0.declare_restore(operator="alice")
+    s = Listing(clock=FakeClock())
+    a, b = submit(s, text="a"), submit(s, text="b")
+    s.refuse = {a.key}
+    epoch, fenced = s.declare_restore(operator="alice")
     assert fenced == 1
-    assert (a0.get(a.key).state, a0.get(b.key).state) == ("pending", "indeterminate")
-    assert a0.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
+    assert (s.get(a.key).state, s.get(b.key).state) == ("pending", "indeterminate")
+    assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
