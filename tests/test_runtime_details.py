@@ -1,0 +1,360 @@
+"""The runtime's loops, counted exactly (issue 8: mutmut survivors of ``atmostonce.runtime``).
+
+The worker loop is driven in the test's own thread (``Worker.run()``, not ``start()``) with a stop
+event that records every idle wait and stops after a given number of them, so a round that did work
+and a round that only waited are told apart without a clock. The sweeper and the reconciler run
+against the model with its fake clock and a scripted in-process transport that records each call.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from atmostonce import GuardRefused, IllegalMove, MemoryStore
+from atmostonce.runtime import (
+    RECONCILER_NAME,
+    RECONCILER_VERSION,
+    Reconciler,
+    RuntimeConfig,
+    SimulatedCrash,
+    Sweeper,
+    Worker,
+)
+from atmostonce.testing.stateful import FakeClock
+from atmostonce.transport import Capabilities, Found, NotFound, Unsupported
+from tests.helpers import begin_authorize, submit, to_state
+
+CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+
+
+# ---------------------------------------------------------------- the worker loop
+class Stop:
+    """A stop event that records each idle wait and is set after ``after_waits`` of them."""
+
+    def __init__(self, after_waits=1):
+        self.waits, self.after, self.flag = [], after_waits, False
+
+    def is_set(self):
+        return self.flag
+
+    def set(self):
+        self.flag = True
+
+    def wait(self, seconds):
+        self.waits.append(seconds)
+        if len(self.waits) >= self.after:
+            self.flag = True
+
+
+class Script:
+    """A dispatcher stand-in: each key's dispatches return (or raise) the next scripted result."""
+
+    def __init__(self, store, script):
+        self.store, self.script, self.calls = store, {k: list(v) for k, v in script.items()}, []
+
+    def dispatch(self, key):
+        self.calls.append(key)
+        result = self.script[key].pop(0)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+
+def run_worker(script, keys, *, store=None, after_waits=1, **kw):
+    results = []
+    d = Script(store if store is not None else MemoryStore(clock=FakeClock()), script)
+    stop = Stop(after_waits)
+    w = Worker(d, lambda: list(keys), stop=stop, on_result=lambda k, r: results.append((k, r)), **kw)
+    w.run()
+    return d, stop, results
+
+
+def test_a_worker_is_a_daemon_thread_with_a_short_default_idle_sleep():
+    d = Script(None, {})
+    w = Worker(d, lambda: [], stop=Stop())
+    assert w.daemon is True
+    assert w.idle_sleep == 0.02
+    assert w.on_result("k", "read_back.match") is None  # the default observer ignores what it is given
+    w.run()
+    assert w.stop_event.waits == [0.02]
+
+
+def test_the_seed_fixes_the_order_a_worker_tries_its_keys():
+    keys = [f"k{i}" for i in range(12)]
+    d, _, _ = run_worker({k: ["gate.paused"] for k in keys}, keys, seed=7)
+    expected = list(keys)
+    random.Random(7).shuffle(expected)
+    assert d.calls == expected
+
+
+def test_a_round_that_did_work_polls_again_at_once_and_an_idle_round_waits():
+    d, stop, results = run_worker({"a": ["read_back.match", "gate.paused"]}, ["a"], idle_sleep=0.5)
+    assert d.calls == ["a", "a"]  # no wait after the round that published
+    assert stop.waits == [0.5]
+    assert results == [("a", "read_back.match"), ("a", "gate.paused")]
+
+
+def test_a_crash_counts_as_work_and_is_reported():
+    crash = SimulatedCrash("after_send")
+    d, stop, results = run_worker({"a": [crash, "claim.busy"]}, ["a"])
+    assert d.calls == ["a", "a"]
+    assert stop.waits == [0.02]
+    assert results == [("a", crash), ("a", "claim.busy")]
+
+
+def test_a_store_or_platform_failure_is_reported_and_the_worker_keeps_going():
+    boom = RuntimeError("platform down")
+    d, stop, results = run_worker({"a": [boom, "gate.paused"], "b": ["gate.paused"] * 2}, ["a", "b"], after_waits=2)
+    assert sorted(d.calls) == ["a", "a", "b", "b"]
+    assert stop.waits == [0.02, 0.02]  # a failure is no work done
+    assert ("a", boom) in results and len(results) == 4
+
+
+def test_a_refusal_after_begin_is_reported_but_a_lost_begin_is_not():
+    lost = GuardRefused("begin", "a" * 64, "no_open_attempt", "pending")
+    stale = GuardRefused("authorize_dispatch", "b" * 64, "lease_holder", "pending")
+    d, stop, results = run_worker({"a": [lost], "b": [stale]}, ["a", "b"])
+    assert sorted(d.calls) == ["a", "b"]
+    assert results == [("b", stale)]  # nothing for the begin another worker won, and no exhaust
+    assert stop.waits == [0.02]
+
+
+def test_a_pending_intent_out_of_attempts_is_exhausted_and_the_parking_reported():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    it = submit(s, max_attempts=1)
+    s.begin(it.key, lease_seconds=10)
+    clock.advance(60)
+    s.abandon_attempt(s.get(it.key))  # pending again, its one attempt spent
+    out = GuardRefused("begin", it.key, "attempts_remaining", "pending")
+    d, _, results = run_worker({it.key: [out]}, [it.key], store=s)
+    assert results == [(it.key, "parked")]
+    assert s.get(it.key).state == "parked"
+    assert [h.event for h in s.history(it.key)][-1] == "exhaust"
+
+
+def test_an_exhaust_the_store_refuses_is_reported_with_its_refusal():
+    s = MemoryStore(clock=FakeClock())
+    it, _ = to_state(s, "authorized")  # exhaust moves only failed or pending intents
+    out = GuardRefused("begin", it.key, "attempts_remaining", "authorized")
+    d, _, results = run_worker({it.key: [out]}, [it.key], store=s)
+    [(key, exc)] = results
+    assert key == it.key
+    assert isinstance(exc, IllegalMove)
+    assert (exc.event, exc.key, exc.state) == ("exhaust", it.key, "authorized")
+    assert s.get(it.key).state == "authorized"
+
+
+def test_a_worker_stopped_mid_round_dispatches_nothing_more():
+    s = MemoryStore(clock=FakeClock())
+    stop = Stop()
+    calls = []
+
+    class Once(Script):
+        def dispatch(self, key):
+            calls.append(key)
+            stop.set()
+            return "read_back.match"
+
+    w = Worker(Once(s, {}), lambda: ["a", "b", "c"], stop=stop, seed=1)
+    w.run()
+    assert len(calls) == 1 and stop.waits == []
+
+
+# ---------------------------------------------------------------- the sweeper's counts
+class Leases:
+    """A store whose ``due_leases`` also returns the given snapshots first (a stale view or a state the
+    sweeper has no move for); everything else is the model's."""
+
+    def __init__(self, store, extra):
+        self._store, self._extra = store, extra
+
+    def due_leases(self, limit=100):
+        return list(self._extra) + self._store.due_leases(limit)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_sweep_leases_counts_expired_abandoned_and_skipped_exactly():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    authorized = [to_state(s, "authorized", text=f"a{i}")[0] for i in range(2)]
+    leased = [submit(s, text=f"l{i}") for i in range(2)]
+    for it in leased:
+        s.begin(it.key, lease_seconds=10)
+    published = to_state(s, "published", text="p")[0]  # the sweeper has no move from published
+    clock.advance(120)
+    stale = s.get(authorized[0].key)  # met three times: expired once, then refused as already moved
+    sweeper = Sweeper(Leases(s, [published, published, stale, stale]), CONFIG)
+    assert sweeper.sweep_leases() == {"expired": 2, "abandoned": 2, "skipped": 4}
+    assert {s.get(i.key).state for i in authorized} == {"indeterminate"}
+    assert {s.get(i.key).state for i in leased} == {"pending"}
+
+
+def test_sweep_leases_takes_at_most_one_batch():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    for i in range(3):
+        to_state(s, "authorized", text=f"a{i}")
+    clock.advance(120)
+    assert Sweeper(s, RuntimeConfig(sweep_batch=2)).sweep_leases() == {"expired": 2, "abandoned": 0, "skipped": 0}
+    assert s.count_by_state().get("authorized") == 1
+
+
+def test_expire_approvals_counts_every_expired_approval():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    for i in range(3):
+        it = submit(s, text=f"x{i}", requires_approval=True)
+        s.approve(it.key, approver="alice", expires_in=5)
+    clock.advance(60)
+    assert Sweeper(s, CONFIG).expire_approvals() == {"approvals_expired": 3}
+
+
+# ---------------------------------------------------------------- the reconciler's decisions
+class Platform:
+    """A scripted transport: capabilities as given, ``read_back`` and ``lookup`` answer from dicts and
+    record their calls."""
+
+    name, protocol_version = "scripted", 1
+
+    def __init__(self, caps, objects=None, by_key=None):
+        self.capabilities, self.objects, self.by_key = caps, dict(objects or {}), dict(by_key or {})
+        self.calls = []
+
+    def send(self, request):  # pragma: no cover - the reconciler never sends
+        raise AssertionError("no send")
+
+    def read_back(self, remote_id):
+        self.calls.append(("read_back", remote_id))
+        return Found(remote_id, self.objects[remote_id]) if remote_id in self.objects else NotFound()
+
+    def lookup(self, delivery_key, resend_epoch=0):
+        self.calls.append(("lookup", delivery_key, resend_epoch))
+        return self.by_key.get((delivery_key, resend_epoch), NotFound())
+
+    def matches(self, request, found):
+        return dict(found.body or {}) == dict(request.body)
+
+    def close(self):
+        pass
+
+
+def descriptor(**over):
+    d = {
+        "transport": Platform.name,
+        "transport_version": Platform.protocol_version,
+        "reconciler": RECONCILER_NAME,
+        "reconciler_version": RECONCILER_VERSION,
+        "idempotency_key": "k",
+    }
+    return d | over
+
+
+def unknown(s, text="hello", desc=None, **kw):
+    it = submit(s, text=text, **kw)
+    lease = s.begin(it.key, lease_seconds=30)
+    s.authorize_dispatch(lease, request_digest=it.request_digest, send_lease_seconds=30, descriptor=desc)
+    s.record_unknown(lease, reason="read timeout")
+    return s.get(it.key)
+
+
+def parked_reason(s, key):
+    last = s.history(key)[-1]
+    assert (last.event, last.to_state) == ("park_unreconcilable", "parked")
+    return last.detail["reason"]
+
+
+@pytest.mark.parametrize(
+    "over", [{"reconciler": "other"}, {"reconciler_version": RECONCILER_VERSION + 1}, {"transport_version": 2}]
+)
+def test_one_changed_descriptor_field_parks_the_intent_as_drifted(over):
+    s = MemoryStore(clock=FakeClock())
+    it = unknown(s, desc=descriptor(**over))
+    t = Platform(Capabilities(lookup_by_key=True))
+    assert Reconciler(s, t, CONFIG).reconcile_one(it) == "reconcile.descriptor_drift"
+    assert parked_reason(s, it.key) == "reconcile.descriptor_drift"
+    assert t.calls == []
+
+
+def test_a_spent_budget_parks_with_its_reason():
+    s = MemoryStore(clock=FakeClock())
+    it = unknown(s, desc=descriptor(), max_reconciles=1)
+    s.reconcile_not_found(it.plan)
+    t = Platform(Capabilities(lookup_by_key=True))
+    assert Reconciler(s, t, CONFIG).reconcile_one(s.get(it.key)) == "reconcile.budget_spent"
+    assert parked_reason(s, it.key) == "reconcile.budget_spent"
+
+
+def test_a_known_remote_id_is_read_back_before_any_key_lookup():
+    s = MemoryStore(clock=FakeClock())
+    it = submit(s)
+    lease = begin_authorize(s, it.key)
+    s.record_success(lease, remote_id="r-1")
+    s.read_back_failed(lease, reason="read_back.not_found")
+    t = Platform(Capabilities(read_back=True, lookup_by_key=False), objects={"r-1": dict(it.request)})
+    assert Reconciler(s, t, CONFIG).reconcile_one(s.get(it.key)) == "lookup.found"
+    assert t.calls == [("read_back", "r-1")]
+    assert (s.get(it.key).state, s.get(it.key).remote_id) == ("published", "r-1")
+
+
+def test_a_retraction_without_read_back_is_parked_as_unsupported():
+    s = MemoryStore(clock=FakeClock())
+    orig, _ = to_state(s, "published")
+    r = s.submit_retraction(orig.key)
+    lease = begin_authorize(s, r.key)
+    s.record_unknown(lease, reason="read timeout")
+    t = Platform(Capabilities(read_back=False, lookup_by_key=True))
+    assert Reconciler(s, t, CONFIG).reconcile_one(s.get(r.key)) == "lookup.unsupported"
+    assert parked_reason(s, r.key) == "lookup.unsupported"
+    assert t.calls == []
+
+
+def test_a_transport_without_key_lookup_parks_as_unsupported():
+    s = MemoryStore(clock=FakeClock())
+    it = unknown(s)
+    t = Platform(Capabilities(read_back=True, lookup_by_key=False))
+    assert Reconciler(s, t, CONFIG).reconcile_one(it) == "lookup.unsupported"
+    assert parked_reason(s, it.key) == "lookup.unsupported"
+    assert t.calls == []
+
+
+def test_a_lookup_the_platform_does_not_support_parks_as_unsupported():
+    s = MemoryStore(clock=FakeClock())
+    it = unknown(s)
+    t = Platform(Capabilities(lookup_by_key=True), by_key={(it.key, 0): Unsupported()})
+    assert Reconciler(s, t, CONFIG).reconcile_one(it) == "lookup.unsupported"
+    assert parked_reason(s, it.key) == "lookup.unsupported"
+    assert t.calls == [("lookup", it.key, 0)]
+
+
+def test_the_key_lookup_asks_for_the_resend_epoch_of_the_send():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    it, _ = to_state(s, "parked")
+    s.resend(it.key, operator="alice")
+    clock.advance(s.text_window_seconds + 1)  # the same text again only after its window
+    lease = begin_authorize(s, it.key)
+    s.record_unknown(lease, reason="read timeout")
+    again = s.get(it.key)
+    assert again.resend_epoch == 1
+    t = Platform(Capabilities(lookup_by_key=True), by_key={(it.key, 1): Found("r-9")})
+    assert Reconciler(s, t, CONFIG).reconcile_one(again) == "lookup.found"
+    assert t.calls == [("lookup", it.key, 1)]
+    assert (s.get(it.key).state, s.get(it.key).remote_id) == ("published", "r-9")
+
+
+@pytest.mark.parametrize(
+    "fenced, outcome, state",
+    [(True, "lookup.not_found_fenced", "failed"), (False, "lookup.not_found", "indeterminate")],
+)
+def test_a_key_lookup_that_finds_nothing_names_whether_absence_was_proven(fenced, outcome, state):
+    s = MemoryStore(clock=FakeClock())
+    it = unknown(s)
+    t = Platform(Capabilities(lookup_by_key=True, fenced_lookup=fenced))
+    assert Reconciler(s, t, CONFIG).reconcile_one(it) == outcome
+    assert s.get(it.key).state == state
+    assert t.calls == [("lookup", it.key, 0)]

@@ -1,0 +1,228 @@
+"""The shared store API's validation, refusals and results, exactly (issue 8: mutmut survivors of
+``atmostonce.store``).
+
+``Operations`` is the code every store runs before its own ``_apply``: a refusal's message names the
+argument that was wrong, a retraction is checked condition by condition, and ``declare_restore`` fences
+in batches and stops when a batch moves nothing. Validation tests run on every store; the batch
+tests use a model subclass that records the listing calls.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from atmostonce import GuardRefused, IntakeError, MemoryStore
+from atmostonce.identity import delivery_key
+from atmostonce.store import retraction_of
+from atmostonce.testing.stateful import FakeClock
+from tests.helpers import begin_authorize, submit, to_state
+
+
+def refusal(fn, *args, **kw):
+    with pytest.raises(IntakeError) as info:
+        fn(*args, **kw)
+    return str(info.value)
+
+
+def publish(s, it, remote_id="r-1"):
+    lease = begin_authorize(s, it.key)
+    s.record_success(lease, remote_id=remote_id)
+    s.confirm_read_back(lease)
+    return s.get(it.key)
+
+
+# ---------------------------------------------------------------- retraction_of
+def test_retraction_of_needs_a_mapping_with_retracts_and_a_known_mode():
+    assert retraction_of({"text": "hi"}) is None
+    assert retraction_of({"mode": "delete"}) is None
+    assert retraction_of({"retracts": "k", "mode": "move"}) is None
+    assert retraction_of("retracts") is None
+    assert retraction_of({"retracts": "k", "remote_id": "r", "mode": "delete"}) == {
+        "retracts": "k",
+        "remote_id": "r",
+        "mode": "delete",
+    }
+
+
+# ---------------------------------------------------------------- a retraction submitted by hand
+NEEDS_SUBMIT_RETRACTION = "a retract.* intent needs a request made by submit_retraction"
+NAME_A_PUBLISHED = "a retraction must name a published intent of this account and target and its remote id"
+
+
+def by_hand(s, mode, request, target="room-1", account="acct"):
+    return s.submit(account, "retract." + mode, target, request)
+
+
+def test_a_retraction_whose_mode_is_not_its_kind_is_refused(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    req = {"retracts": orig.key, "remote_id": "r-1", "mode": "correct", "correction": {"text": "x"}}
+    assert refusal(by_hand, s, "delete", req) == NEEDS_SUBMIT_RETRACTION
+    assert refusal(by_hand, s, "delete", {"text": "x"}) == NEEDS_SUBMIT_RETRACTION
+
+
+def test_a_retraction_is_checked_condition_by_condition(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    ok = {"retracts": orig.key, "remote_id": "r-1", "mode": "delete"}
+    assert refusal(by_hand, s, "delete", ok | {"remote_id": "r-2"}) == NAME_A_PUBLISHED  # another object
+    assert refusal(by_hand, s, "delete", ok, target="room-2") == NAME_A_PUBLISHED  # another target
+    assert refusal(by_hand, s, "delete", ok, account="other") == NAME_A_PUBLISHED  # another account
+    # sent, with a remote id, but not confirmed: not published
+    sent = submit(s, text="sent")
+    lease = begin_authorize(s, sent.key)
+    s.record_success(lease, remote_id="r-3")
+    s.read_back_failed(lease, reason="read_back.not_found")
+    assert s.get(sent.key).remote_id == "r-3"
+    assert (
+        refusal(by_hand, s, "delete", {"retracts": sent.key, "remote_id": "r-3", "mode": "delete"}) == NAME_A_PUBLISHED
+    )
+    # a published retraction is not itself retracted
+    r = publish(s, s.submit_retraction(orig.key), remote_id="r-1")
+    assert refusal(by_hand, s, "delete", {"retracts": r.key, "remote_id": "r-1", "mode": "delete"}) == NAME_A_PUBLISHED
+    assert by_hand(s, "delete", ok).key == r.key  # the well-formed one is the same intent
+
+
+def test_a_correction_by_hand_needs_its_correction_object(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    req = {"retracts": orig.key, "remote_id": "r-1", "mode": "correct"}
+    assert refusal(by_hand, s, "correct", req) == "a correction needs a 'correction' object"
+    assert refusal(by_hand, s, "correct", req | {"correction": "text"}) == "a correction needs a 'correction' object"
+    assert by_hand(s, "correct", req | {"correction": {"text": "fixed"}}).action_kind == "retract.correct"
+
+
+# ---------------------------------------------------------------- submit_retraction
+def test_submit_retraction_checks_the_key_as_a_key(any_store):
+    s = any_store.store
+    assert refusal(s.submit_retraction, "k" * 257) == "key is longer than 256 characters"
+    assert refusal(s.submit_retraction, "") == "key must not be empty"
+
+
+def test_only_a_published_intent_is_retracted(any_store):
+    s = any_store.store
+    it = submit(s)
+    lease = begin_authorize(s, it.key)
+    s.record_success(lease, remote_id="r-1")
+    s.read_back_failed(lease, reason="read_back.not_found")  # a remote id, not published
+    assert refusal(s.submit_retraction, it.key) == (
+        f"only a published intent with a remote id can be retracted; {it.key[:12]} is indeterminate"
+    )
+
+
+def test_a_retraction_is_not_itself_retracted(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    r = publish(s, s.submit_retraction(orig.key))
+    assert refusal(s.submit_retraction, r.key) == (
+        "a retraction is not itself retracted; submit a correction of the original instead"
+    )
+
+
+def test_a_correction_must_be_a_json_object(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    assert refusal(s.submit_retraction, orig.key, correction=["x"]) == "correction must be a JSON object, got list"
+
+
+def test_a_correction_of_a_deleted_object_is_refused(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    deletion = publish(s, s.submit_retraction(orig.key))
+    assert deletion.key == delivery_key("acct", "retract.delete", "room-1", retraction_of(deletion))
+    assert refusal(s.submit_retraction, orig.key, correction={"text": "fixed"}) == (
+        f"the object r-1 was already deleted by retraction {deletion.key[:12]}"
+    )
+
+
+def test_a_retraction_carries_its_max_attempts(any_store):
+    s = any_store.store
+    orig, _ = to_state(s, "published")
+    assert s.submit_retraction(orig.key, max_attempts=7).max_attempts == 7
+
+
+# ---------------------------------------------------------------- policy writes name their argument
+def test_block_at_gate_needs_a_reason(any_store):
+    s = any_store.store
+    it = submit(s)
+    lease = s.begin(it.key)
+    assert refusal(s.block_at_gate, lease, reason="") == "reason must not be empty"
+
+
+def test_set_kill_switch_checks_operator_and_scope(any_store):
+    s = any_store.store
+    assert refusal(s.set_kill_switch, "global", True, operator="") == "operator must not be empty"
+    assert refusal(s.set_kill_switch, "account:", True, operator="alice") == (
+        "kill switch scope must be 'global' or 'account:<id>', got 'account:'"
+    )
+    assert refusal(s.set_kill_switch, "account:a\x00", True, operator="alice") == "scope contains a NUL byte"
+    s.set_kill_switch("account:a", True, operator="alice")  # the shortest account scope
+    assert s.kill_switch_engaged("a") is True
+    assert s.kill_switch_engaged("b") is False
+
+
+def test_set_credential_and_contract_version_name_their_arguments(any_store):
+    s = any_store.store
+    assert refusal(s.set_credential_version, "", "v1") == "account must not be empty"
+    assert refusal(s.set_credential_version, "acct", "") == "version must not be empty"
+    assert refusal(s.set_contract_version, "", "v1") == "platform must not be empty"
+    assert refusal(s.set_contract_version, "matrix", "") == "version must not be empty"
+
+
+# ---------------------------------------------------------------- declare_restore
+def test_declare_restore_checks_its_operator(any_store):
+    s = any_store.store
+    assert refusal(s.declare_restore, operator="") == "operator must not be empty"
+    assert refusal(s.declare_restore, operator="o" * 257) == "operator is longer than 256 characters"
+    epoch, fenced = s.declare_restore(operator="o" * 256)
+    assert fenced == 0
+
+
+def test_declare_restore_records_the_epoch_as_the_reason(any_store):
+    s = any_store.store
+    it = submit(s)
+    epoch, fenced = s.declare_restore(operator="alice")
+    assert fenced == 1
+    last = s.history(it.key)[-1]
+    assert (last.event, last.to_state) == ("restore_fence", "indeterminate")
+    assert last.detail["reason"] == f"restore epoch {epoch}"
+
+
+class Listing(MemoryStore):
+    """The model, recording each ``list_intents`` call; ``refuse`` names keys whose fence is refused."""
+
+    def __init__(self, refuse=(), **kw):
+        self.calls, self.refuse = [], set(refuse)
+        super().__init__(**kw)
+
+    def list_intents(self, state=None, limit=1000):
+        self.calls.append((state, limit))
+        if len(self.calls) > 50:
+            raise AssertionError("declare_restore keeps listing")
+        return super().list_intents(state=state, limit=limit)
+
+    def _move(self, event, key, args):
+        if event == "restore_fence" and key in self.refuse:
+            raise GuardRefused(event, key, "restore_epoch_current", "pending")
+        return super()._move(event, key, args)
+
+
+def test_declare_restore_lists_each_source_state_in_batches_of_500():
+    s = Listing(clock=FakeClock())
+    to_state(s, "published", text="p")
+    a = submit(s, text="a")
+    epoch, fenced = s.declare_restore(operator="alice")
+    assert fenced == 1
+    assert s.get(a.key).state == "indeterminate"
+    # pending: one batch that moved, one empty; authorized and failed: empty at once
+    assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
+
+
+def test_declare_restore_stops_at_a_batch_that_moves_nothing():
+    s = Listing(clock=FakeClock())
+    a, b = submit(s, text="a"), submit(s, text="b")
+    s.refuse = {a.key}
+    epoch, fenced = s.declare_restore(operator="alice")
+    assert fenced == 1
+    assert (s.get(a.key).state, s.get(b.key).state) == ("pending", "indeterminate")
+    assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
