@@ -14,6 +14,7 @@ from atmostonce.audit import (
     ChainBreak,
     chain_hash,
     float_text,
+    model_detail_text,
     verify_chain,
     verify_store,
 )
@@ -85,3 +86,8 @@ def test_verify_store_reports_each_chains_head_and_none_for_an_empty_chain():
         "breaks": [],
         "heads": {"gone": None},
     }
+
+
+def test_the_models_detail_text_is_the_canonical_json_of_the_detail():
+    assert model_detail_text({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
+    assert model_detail_text({}) == "{}"

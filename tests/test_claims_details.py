@@ -11,6 +11,7 @@ deadline reached to the second, exact times) use the model alone.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -116,6 +117,103 @@ def test_approval_operations_check_their_input_with_exact_messages(any_store):
     )
     refused_with(IntakeError, r"^approval id must be a string, got int$", s.withdraw_approval, 123, operator="bob")
     assert s.approval(apv.approval_id).state == "approved"
+
+
+def test_approve_checks_its_input_with_exact_messages_and_limits(any_store):
+    s = any_store.store
+    it = gated(s, target=TARGET)
+    refused_with(IntakeError, r"^key must be a string, got int$", s.approve, 123, approver="alice", expires_in=60)
+    refused_with(
+        IntakeError, r"^key is longer than 256 characters$", s.approve, "k" * 257, approver="alice", expires_in=60
+    )
+    with pytest.raises(UnknownIntent):  # 256 characters pass the check: no such intent
+        s.approve("k" * 256, approver="alice", expires_in=60)
+    refused_with(IntakeError, r"^approver must be a string, got int$", approve, s, it, approver=123)
+    refused_with(IntakeError, r"^approver is longer than 256 characters$", approve, s, it, approver="a" * 257)
+    refused_with(
+        IntakeError, r"^expires_in must be a number of seconds, got 'soon'$", approve, s, it, expires_in="soon"
+    )
+    refused_with(IntakeError, r"^request_digest must be a string, got int$", approve, s, it, request_digest=123)
+    refused_with(IntakeError, r"^request_digest must not be empty$", approve, s, it, request_digest=" ")
+    for v in (True, -1, 2**62, 2**63, "1", 1.0):
+        refused_with(
+            IntakeError,
+            rf"^target_version must be a non-negative integer, got {re.escape(repr(v))}$",
+            approve,
+            s,
+            it,
+            target_version=v,
+        )
+    assert s.approvals(it.key) == []  # nothing above made an approval
+    for v in (0, 124, 125, 2**62 - 1):
+        assert approve(s, it, target_version=v).target_version == v
+    apv = approve(s, it, request_digest="d" * 64)
+    assert apv.request_digest == "d" * 64
+    assert re.fullmatch(r"apv_[0-9a-f]{24}", apv.approval_id)
+    plain = s.submit("acct", "post", TARGET, {"text": "no gate"})
+    refused_with(
+        IntakeError,
+        r"^this intent was submitted without an approval requirement: nothing to approve$",
+        approve,
+        s,
+        plain,
+    )
+    assert [a.key for a in s.approvals(plain.key)] == []
+
+
+def test_reserve_claim_checks_its_input_with_exact_messages_and_limits(any_store):
+    s = any_store.store
+    it = gated(s, target=TARGET)
+    apv = approve(s, it)
+    good = {"approval_id": apv.approval_id, "request_digest": it.request_digest, "owner": "w1"}
+
+    def call(key=it.key, **kw):
+        return s.reserve_claim(key, **(good | kw))
+
+    refused_with(IntakeError, r"^key must be a string, got int$", call, 123)
+    refused_with(IntakeError, r"^key is longer than 256 characters$", call, "k" * 257)
+    with pytest.raises(UnknownIntent):  # 256 characters pass the check: no such intent
+        call("k" * 256)
+    checked = {"approval_id": ("approval id", 128), "request_digest": ("request_digest", 128), "owner": ("owner", 256)}
+    for field, (name, limit) in checked.items():
+        refused_with(IntakeError, rf"^{name} must be a string, got int$", call, **{field: 123})
+        for n in (limit + 1, MAX_TEXT_CHARS + 1):
+            refused_with(IntakeError, rf"^{name} is longer than {limit} characters$", call, **{field: "x" * n})
+    refused_with(IntakeError, r"^lease_seconds must be a number of seconds, got 'long'$", call, lease_seconds="long")
+    assert s.claim(TARGET).state == "free"  # nothing above moved it
+    with pytest.raises(GuardRefused) as info:  # limits met, but another digest
+        call(request_digest="d" * 128)
+    assert fields(info.value) == ("reserve", TARGET, "approval_binds_request", "free")
+    with pytest.raises(GuardRefused) as info:
+        call(approval_id="a" * 128)
+    assert fields(info.value) == ("reserve", TARGET, "approval_usable", "free")
+    lease = call(owner="o" * 256)
+    c = s.claim(TARGET)
+    assert (lease.target, lease.epoch, lease.owner, lease.key, lease.approval_id) == (
+        TARGET,
+        1,
+        "o" * 256,
+        it.key,
+        apv.approval_id,
+    )
+    assert (lease.owner_token, lease.expires_at) == (c.owner_token, c.lease_expires_at)
+    assert isinstance(lease.expires_at, float)
+    assert re.fullmatch(r"clm_[0-9a-f]{32}", lease.owner_token)
+    plain = s.submit("acct", "post", OTHER, {"text": "no gate"})
+    refused_with(
+        IntakeError,
+        r"^this intent was submitted without an approval requirement: it takes no claim$",
+        call,
+        plain.key,
+    )
+    assert s.claim(OTHER) is None
+
+
+def test_a_claim_lease_lasts_thirty_seconds_by_default():
+    s, clock = model()
+    it = gated(s, target=TARGET)
+    lease = reserve(s, it, approve(s, it))
+    assert lease.expires_at == clock.t + 30.0
 
 
 # ---------------------------------------------------------------- refusals name what refused
@@ -226,6 +324,18 @@ def test_the_model_stamps_a_claim_refusal_with_its_clock():
         s.release_claim(dataclasses.replace(lease, epoch=0))
     [r] = s.refusals(f"claim:{TARGET}")
     assert r.recorded_at == clock.t
+
+
+def test_the_model_stamps_a_claim_refusal_at_a_coupled_move_with_its_clock():
+    s, clock = model()
+    it = gated(s, target=TARGET)
+    claim = reserve(s, it, approve(s, it))
+    clock.advance(3)
+    with pytest.raises(GuardRefused) as info:
+        authorize(s, it, dataclasses.replace(claim, epoch=5))
+    assert info.value.guard == "claim_owner"
+    [r] = s.refusals(f"claim:{TARGET}")
+    assert (r.event, r.guard, r.recorded_at) == ("start_sending", "claim_owner", clock.t)
 
 
 # ---------------------------------------------------------------- history rows
@@ -426,3 +536,30 @@ def test_approvals_with_the_same_time_come_in_the_same_order_on_every_store(any_
     any_store.advance(61)
     assert [a.approval_id for a in s.due_approvals()] == ids
     assert [a.approval_id for a in s.due_approvals(limit=3)] == ids[:3]
+
+
+# ---------------------------------------------------------------- the send reads the claim's own approval
+def test_the_send_consumes_the_claims_approval_whatever_approval_id_the_lease_presents(any_store):
+    """start_sending checks and consumes the approval the claim was reserved under (the claim row's), not the
+    approval id a caller writes into the lease it presents."""
+    s = any_store.store
+    it = gated(s, target=TARGET)
+    apv, spare = approve(s, it), approve(s, it)
+    s.withdraw_approval(spare.approval_id, operator="bob")
+    claim = reserve(s, it, apv)
+    authorize(s, it, dataclasses.replace(claim, approval_id=spare.approval_id))
+    assert s.approval(apv.approval_id).state == "consumed"
+    assert s.approval(apv.approval_id).used_epoch == claim.epoch
+    assert s.approval(spare.approval_id).state == "withdrawn"
+    assert s.claim(TARGET).state == "sending"
+
+
+def test_the_approval_records_the_claims_epoch_even_with_the_owner_check_off(any_store):
+    """used_epoch is the epoch of the claim the send moved, not the one the lease presents."""
+    s = any_store.store
+    it = gated(s, target=TARGET)
+    apv = approve(s, it)
+    claim = reserve(s, it, apv)
+    s._disabled_guards = frozenset({"claim_owner"})
+    authorize(s, it, dataclasses.replace(claim, epoch=9))
+    assert s.approval(apv.approval_id).used_epoch == claim.epoch == 1
