@@ -9,6 +9,9 @@ tests use a model subclass that records the listing calls.
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 
 from atmostonce import GuardRefused, IntakeError, MemoryStore
@@ -226,3 +229,66 @@ def test_declare_restore_stops_at_a_batch_that_moves_nothing():
     assert fenced == 1
     assert (s.get(a.key).state, s.get(b.key).state) == ("pending", "indeterminate")
     assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
+
+
+# ---------------------------------------------------------------- plans and sweeper snapshots
+def unknown_intent(s):
+    return to_state(s, "indeterminate")[0]
+
+
+def test_a_plan_that_is_no_plan_is_named_by_its_type():
+    s = MemoryStore(clock=FakeClock())
+    look_alike = SimpleNamespace(key=unknown_intent(s).key)  # a key, but not a Plan
+    assert refusal(s.reconcile_not_found, look_alike) == "expected a Plan (Intent.plan), got SimpleNamespace"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("generation", True, "plan generation must be a 64-bit integer, got True"),
+        ("reconcile_count", "1", "plan reconcile count must be a 64-bit integer, got '1'"),
+        ("epoch", 2**63, f"plan epoch must be a 64-bit integer, got {2**63}"),
+    ],
+)
+def test_a_plan_field_out_of_range_is_named(field, value, message):
+    s = MemoryStore(clock=FakeClock())
+    plan = dataclasses.replace(unknown_intent(s).plan, **{field: value})
+    assert refusal(s.reconcile_not_found, plan) == message
+
+
+def test_a_plan_without_generation_or_epoch_is_checked_by_the_guard_not_refused_at_intake():
+    s = MemoryStore(clock=FakeClock())
+    plan = dataclasses.replace(unknown_intent(s).plan, generation=None, epoch=None)
+    with pytest.raises(GuardRefused) as info:
+        s.reconcile_not_found(plan)
+    assert info.value.guard == "plan_unchanged"
+
+
+def test_a_sweeper_snapshot_that_is_no_intent_is_named_by_its_type():
+    s = MemoryStore(clock=FakeClock())
+    look_alike = SimpleNamespace(key=to_state(s, "authorized")[0].key)
+    assert refusal(s.expire_lease, look_alike) == "expected an Intent snapshot, got SimpleNamespace"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("generation", "2", "generation must be a 64-bit integer, got '2'"),
+        ("attempt_token", "a\x00b", None),
+    ],
+)
+def test_a_sweeper_snapshot_field_out_of_range_is_named(field, value, message):
+    s = MemoryStore(clock=FakeClock())
+    snap = dataclasses.replace(to_state(s, "authorized")[0], **{field: value})
+    got = refusal(s.expire_lease, snap)
+    if message is None:
+        assert got.startswith("attempt token ")
+    else:
+        assert got == message
+
+
+def test_a_snapshot_with_no_attempt_token_or_generation_reaches_the_guard():
+    s = MemoryStore(clock=FakeClock())
+    snap = dataclasses.replace(to_state(s, "authorized")[0], attempt_token=None, generation=None)
+    with pytest.raises(GuardRefused):
+        s.expire_lease(snap)
