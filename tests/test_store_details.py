@@ -292,3 +292,80 @@ def test_a_snapshot_with_no_attempt_token_or_generation_reaches_the_guard():
     snap = dataclasses.replace(to_state(s, "authorized")[0], attempt_token=None, generation=None)
     with pytest.raises(GuardRefused):
         s.expire_lease(snap)
+
+
+# ---------------------------------------------------------------- what the operator and reconciler moves record
+def last_detail(s, key):
+    return s.history(key)[-1].detail
+
+
+def test_park_records_its_reason_and_defaults_to_operator_stop(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "indeterminate", text="a")
+    b, _ = to_state(s, "indeterminate", text="b")
+    assert refusal(s.park, a.key, operator="al", reason="") == "reason must not be empty"
+    s.park(a.key, operator="al")
+    s.park(b.key, operator="al", reason="wrong room")
+    assert last_detail(s, a.key)["reason"] == "operator stop"
+    assert last_detail(s, b.key)["reason"] == "wrong room"
+
+
+def test_resolve_not_sent_records_its_reason_and_defaults_to_operator_not_sent(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "parked", text="a")
+    b, _ = to_state(s, "parked", text="b")
+    assert refusal(s.resolve_not_sent, a.key, operator="al", reason="") == "reason must not be empty"
+    s.resolve_not_sent(a.key, operator="al")
+    s.resolve_not_sent(b.key, operator="al", reason="checked the room")
+    assert last_detail(s, a.key)["reason"] == "operator: not sent"
+    assert last_detail(s, b.key)["reason"] == "checked the room"
+
+
+def test_park_unreconcilable_records_its_reason_and_an_unknown_result(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    assert refusal(s.park_unreconcilable, it.plan, reason="") == "reason must not be empty"
+    s.park_unreconcilable(it.plan, reason="no lookup")
+    detail = last_detail(s, it.key)
+    assert (detail["reason"], detail["result"]) == ("no lookup", "unknown")
+    assert s.get(it.key).state == "parked"
+
+
+def test_reconcile_found_records_the_remote_id_and_a_confirmed_result(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    assert refusal(s.reconcile_found, it.plan, remote_id="") == "remote_id must not be empty"
+    s.reconcile_found(it.plan, remote_id="rid-4")
+    detail = last_detail(s, it.key)
+    assert (detail["remote_id"], detail["result"]) == ("rid-4", "confirmed")
+    assert [(r.result, r.remote_id) for r in s.reconciliations(it.key)][-1] == ("confirmed", "rid-4")
+
+
+# ---------------------------------------------------------------- set_rate_limit and capture_source
+def test_set_rate_limit_names_each_bad_argument(any_store):
+    s = any_store.store
+    assert refusal(s.set_rate_limit, "", 1) == "account must not be empty"
+    assert refusal(s.set_rate_limit, "acct", 0) == "max_sends must be a positive integer, got 0"
+    assert refusal(s.set_rate_limit, "acct", 1, window_seconds=0) == (
+        "window_seconds must be a positive, finite number of seconds up to 31622400"
+    )
+
+
+def test_the_default_rate_window_is_sixty_seconds(any_store):
+    s = any_store.store
+    s.set_rate_limit("acct", 1)
+    begin_authorize(s, submit(s, text="one").key)
+    assert s.rate_limited("acct") is True
+    any_store.advance(59.5)
+    assert s.rate_limited("acct") is True
+    any_store.advance(1)
+    assert s.rate_limited("acct") is False
+
+
+def test_capture_source_names_each_bad_argument_and_takes_a_2048_character_id(any_store):
+    s = any_store.store
+    assert refusal(s.capture_source, "", "x") == "source id must not be empty"
+    assert refusal(s.capture_source, "s" * 2049, "x") == "source id is longer than 2048 characters"
+    assert s.capture_source("s" * 2048, "x").source_id == "s" * 2048
+    assert refusal(s.capture_source, "src", b"x") == "body must be the source's visible text (str)"
+    assert refusal(s.capture_source, "src", "a\x00b") == "text contains a NUL byte"
