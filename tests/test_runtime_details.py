@@ -563,3 +563,36 @@ def test_every_refused_retry_is_counted_as_skipped():
     spy = Spy(base, retry=refuse)
     assert Sweeper(spy, CONFIG).retry_failed() == {"retried": 0, "exhausted": 0, "skipped": 2}
     assert sorted(a for (a,) in spy.args("retry")) == sorted(keys)
+
+
+# ---------------------------------------------------------------- Reconciler.run
+def test_reconciler_run_defers_every_recent_intent_and_goes_on_to_the_due_ones():
+    clock = FakeClock()
+    base = MemoryStore(clock=clock)
+    old = unknown(base, text="old")
+    clock.advance(10)
+    recent = [unknown(base, text=f"recent{i}") for i in range(2)]
+    spy = Spy(base, list_intents=lambda state, limit: [recent[0], recent[1], old])
+    r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_interval=5))
+    assert r.run() == {"deferred": 2, "lookup.unsupported": 1}
+    assert base.get(old.key).state == "parked" and base.get(recent[0].key).state == "indeterminate"
+
+
+def test_reconciler_run_lists_one_batch_or_the_given_limit():
+    base = MemoryStore(clock=FakeClock())
+    spy = Spy(base)
+    r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_batch=7))
+    assert r.run() == {} and r.run(limit=3) == {}
+    assert [kw["limit"] for kw in spy.kw("list_intents")] == [7, 3]
+
+
+def test_reconciler_run_counts_a_refused_settlement_as_skipped():
+    base = MemoryStore(clock=FakeClock())
+    its = [unknown(base, text=f"t{i}") for i in range(2)]
+
+    def refuse(plan, **kw):
+        raise GuardRefused("park_unreconcilable", plan.key, "plan_unchanged", "indeterminate")
+
+    spy = Spy(base, park_unreconcilable=refuse)
+    assert Reconciler(spy, Platform(Capabilities()), CONFIG).run() == {"skipped": 2}
+    assert [base.get(it.key).state for it in its] == ["indeterminate", "indeterminate"]
