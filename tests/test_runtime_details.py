@@ -8,6 +8,7 @@ against the model with its fake clock and a scripted in-process transport that r
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from types import SimpleNamespace
 
@@ -596,3 +597,24 @@ def test_reconciler_run_counts_a_refused_settlement_as_skipped():
     spy = Spy(base, park_unreconcilable=refuse)
     assert Reconciler(spy, Platform(Capabilities()), CONFIG).run() == {"skipped": 2}
     assert [base.get(it.key).state for it in its] == ["indeterminate", "indeterminate"]
+
+
+# ---------------------------------------------------------------- the wire request and the descriptor
+def test_a_post_whose_body_looks_like_a_retraction_is_still_a_create():
+    s = MemoryStore(clock=FakeClock())
+    it = s.submit("acct", "post", "room-1", {"retracts": "k", "remote_id": "r", "mode": "delete"})
+    wire = wire_request(it)
+    assert (wire.action, wire.object_id) == ("create", None)
+
+
+def test_the_wire_request_carries_the_resend_epoch():
+    s = MemoryStore(clock=FakeClock())
+    it = dataclasses.replace(submit(s), resend_epoch=3)
+    assert wire_request(it).resend_epoch == 3
+
+
+def test_the_dispatch_descriptor_records_the_idempotency_key():
+    base = MemoryStore(clock=FakeClock())
+    it = submit(base)
+    assert dispatch_with(Spy(base)).dispatch(it.key) == "read_back.match"
+    assert base.get(it.key).descriptor["idempotency_key"] == wire_request(it).idempotency_key

@@ -369,3 +369,77 @@ def test_capture_source_names_each_bad_argument_and_takes_a_2048_character_id(an
     assert s.capture_source("s" * 2048, "x").source_id == "s" * 2048
     assert refusal(s.capture_source, "src", b"x") == "body must be the source's visible text (str)"
     assert refusal(s.capture_source, "src", "a\x00b") == "text contains a NUL byte"
+
+
+# ---------------------------------------------------------------- the worker's and reconciler's records, named
+def test_each_worker_record_names_an_empty_reason_or_remote_id(any_store):
+    s = any_store.store
+    _, lease = to_state(s, "authorized")
+    assert refusal(s.record_unknown, lease, reason="") == "reason must not be empty"
+    assert refusal(s.record_not_sent, lease, reason="") == "reason must not be empty"
+    assert refusal(s.read_back_failed, lease, reason="") == "reason must not be empty"
+    assert refusal(s.record_success, lease, remote_id="") == "remote_id must not be empty"
+
+
+def test_record_unknown_records_its_reason(any_store):
+    s = any_store.store
+    it, lease = to_state(s, "authorized")
+    s.record_unknown(lease, reason="read timeout 7")
+    assert last_detail(s, it.key)["reason"] == "read timeout 7"
+
+
+def test_record_success_records_the_remote_id_and_the_response_digest(any_store):
+    s = any_store.store
+    it, lease = to_state(s, "authorized")
+    s.record_success(lease, remote_id="r-9", response_digest="d" * 64)
+    detail = last_detail(s, it.key)
+    assert (detail["remote_id"], detail["response_digest"]) == ("r-9", "d" * 64)
+
+
+def test_resolve_published_names_an_empty_remote_id(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "parked")
+    assert refusal(s.resolve_published, it.key, operator="al", remote_id="") == "remote_id must not be empty"
+
+
+@pytest.mark.parametrize(("move", "result"), [("reconcile_not_found", "unknown"), ("reconcile_absent", "failed")])
+def test_a_reconciler_lookup_records_its_result(any_store, move, result):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    kw = {"fenced": True} if move == "reconcile_absent" else {}
+    getattr(s, move)(it.plan, **kw)
+    assert last_detail(s, it.key)["result"] == result
+
+
+def test_an_operator_is_a_string_of_at_most_256_characters(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "indeterminate", text="a")
+    assert refusal(s.park, a.key, operator=1) == "operator must be a string, got int"
+    assert refusal(s.park, a.key, operator="o" * 257) == "operator is longer than 256 characters"
+    s.park(a.key, operator="o" * 256)
+    assert s.get(a.key).state == "parked"
+
+
+def test_a_credential_version_may_be_none_but_not_empty(any_store):
+    s = any_store.store
+    assert refusal(s.set_credential_version, "acct", "") == "version must not be empty"
+    s.set_credential_version("acct", None)
+
+
+def test_max_sends_is_at_most_a_billion(any_store):
+    s = any_store.store
+    s.set_rate_limit("acct", 10**9)
+    assert refusal(s.set_rate_limit, "acct", 10**9 + 1) == "max_sends must be a positive integer, got 1000000001"
+    assert s.rate_limited("acct") is False
+
+
+def test_authorize_dispatch_names_a_bad_send_lease_and_defaults_to_sixty_seconds():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    it = submit(s)
+    lease = s.begin(it.key, lease_seconds=30)
+    assert refusal(s.authorize_dispatch, lease, request_digest=it.request_digest, send_lease_seconds=0) == (
+        "send_lease_seconds must be a positive, finite number of seconds up to 31622400"
+    )
+    s.authorize_dispatch(lease, request_digest=it.request_digest)
+    assert s.get(it.key).lease_expires_at == s.now() + 60
