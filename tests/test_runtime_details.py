@@ -8,22 +8,27 @@ against the model with its fake clock and a scripted in-process transport that r
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from types import SimpleNamespace
 
 import pytest
 
 from atmostonce import GuardRefused, IllegalMove, MemoryStore
+from atmostonce.identity import request_digest
 from atmostonce.runtime import (
     RECONCILER_NAME,
     RECONCILER_VERSION,
+    Dispatcher,
     Reconciler,
     RuntimeConfig,
     SimulatedCrash,
     Sweeper,
     Worker,
+    wire_request,
 )
 from atmostonce.testing.stateful import FakeClock
-from atmostonce.transport import Capabilities, Found, NotFound, Unsupported
+from atmostonce.transport import Capabilities, Found, NotFound, Sent, Unsupported
 from tests.helpers import begin_authorize, submit, to_state
 
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
@@ -358,3 +363,258 @@ def test_a_key_lookup_that_finds_nothing_names_whether_absence_was_proven(fenced
     assert Reconciler(s, t, CONFIG).reconcile_one(it) == outcome
     assert s.get(it.key).state == state
     assert t.calls == [("lookup", it.key, 0)]
+
+
+# ---------------------------------------------------------------- one dispatch, its arguments exactly
+class Spy:
+    """The store as the dispatcher sees it: every call is recorded with its arguments; ``over`` names
+    calls answered (or raised) by the test instead of the store."""
+
+    def __init__(self, store, **over):
+        self.store, self.over, self.calls = store, over, []
+
+    def __getattr__(self, name):
+        real = getattr(self.store, name)
+        if not callable(real):
+            return real
+
+        def call(*args, **kw):
+            self.calls.append((name, args, kw))
+            if name in self.over:
+                return self.over[name](*args, **kw)
+            return real(*args, **kw)
+
+        return call
+
+    def kw(self, name):
+        return [kw for n, _, kw in self.calls if n == name]
+
+    def args(self, name):
+        return [args for n, args, _ in self.calls if n == name]
+
+
+class Sink:
+    """A recording transport that publishes in memory and answers read-backs from what it published."""
+
+    name, protocol_version, contract_version = "sink", 1, "contract-7"
+
+    def __init__(self, caps=None, digest="resp-digest"):
+        self.capabilities, self.digest, self.objects, self.sent = caps or Capabilities(), digest, {}, []
+
+    def send(self, request):
+        self.sent.append(request)
+        remote = f"r{len(self.sent)}"
+        self.objects[remote] = dict(request.body)
+        return Sent(remote, response_digest=self.digest)
+
+    def read_back(self, remote_id):
+        return Found(remote_id, self.objects[remote_id])
+
+    def lookup(self, delivery_key, resend_epoch=0):  # pragma: no cover - dispatch never looks up
+        raise AssertionError("no lookup")
+
+    def matches(self, request, found):
+        return dict(found.body or {}) == dict(request.body)
+
+    def close(self):
+        pass
+
+
+def dispatch_with(spy, transport=None, **kw):
+    return Dispatcher(spy, transport if transport is not None else Sink(), CONFIG, **kw)
+
+
+def test_a_dispatch_passes_its_account_lease_lengths_contract_and_response_digest_on():
+    base = MemoryStore(clock=FakeClock())
+    it = submit(base, account="acct-9")
+    spy, asked = Spy(base), []
+    d = dispatch_with(spy, credential_version=lambda account: asked.append(account) or "cred-2")
+    assert d.dispatch(it.key) == "read_back.match"
+    assert spy.args("kill_switch_engaged") == [("acct-9",)]
+    assert asked == ["acct-9"]
+    assert spy.kw("begin") == [{"lease_seconds": 10}]
+    (auth,) = spy.kw("authorize_dispatch")
+    assert auth["contract_version"] == "contract-7"
+    assert auth["credential_version"] == "cred-2"
+    assert auth["send_lease_seconds"] == 10
+    (sent,) = spy.kw("record_success")
+    assert sent == {"remote_id": "r1", "response_digest": "resp-digest"}
+
+
+def test_a_create_goes_out_on_a_transport_that_cannot_retract():
+    base = MemoryStore(clock=FakeClock())
+    it = submit(base)
+    sink = Sink(Capabilities(retract=False))
+    assert dispatch_with(Spy(base), sink).dispatch(it.key) == "read_back.match"
+    assert [r.body for r in sink.sent] == [dict(it.request)]
+
+
+def approval(aid, digest, *, state="pending", expires_at=100.0):
+    return SimpleNamespace(approval_id=aid, state=state, request_digest=digest, expires_at=expires_at)
+
+
+def approved_intent():
+    base = MemoryStore(clock=FakeClock())
+    it = submit(base, requires_approval=True)
+    return base, it, request_digest(wire_request(it).body)
+
+
+@pytest.mark.parametrize("which", ["not_live", "other_bytes", "expires_now"])
+def test_only_a_live_approval_of_these_bytes_that_has_not_expired_is_usable(which):
+    base, it, digest = approved_intent()
+    now, live = base.now(), base.approval_table.initial
+    a = {
+        "not_live": approval("a1", digest, state="consumed", expires_at=now + 60),
+        "other_bytes": approval("a1", "0" * 64, state=live, expires_at=now + 60),
+        "expires_now": approval("a1", digest, state=live, expires_at=now),
+    }[which]
+    spy = Spy(base, approvals=lambda key: [a])
+    assert dispatch_with(spy).dispatch(it.key) == "gate.awaiting_approval"
+    assert spy.kw("reserve_claim") == [] and spy.kw("begin") == []
+
+
+@pytest.mark.parametrize(("guard", "outcome"), [("claim_lease_expired", "claim.busy"), ("lost_race", "claim.refused")])
+def test_the_reservation_takes_the_latest_expiring_approval_and_names_a_busy_claim(guard, outcome):
+    base, it, digest = approved_intent()
+    now, live = base.now(), base.approval_table.initial
+    usable = [approval("a-late", digest, state=live, expires_at=now + 90)]
+    usable[:0] = [approval("a-early", digest, state=live, expires_at=now + 30)]
+    usable.append(approval("a-mid", digest, state=live, expires_at=now + 60))
+
+    def refuse(*a, **kw):
+        raise GuardRefused("reserve", it.key, guard, "free")
+
+    spy = Spy(base, approvals=lambda key: usable, reserve_claim=refuse)
+    assert dispatch_with(spy, owner="w3").dispatch(it.key) == outcome
+    assert spy.kw("reserve_claim") == [
+        {"approval_id": "a-late", "request_digest": digest, "owner": "w3", "lease_seconds": 10}
+    ]
+    assert spy.kw("begin") == []
+
+
+def claimed(guard, event="authorize_dispatch", cls=GuardRefused):
+    """An approved intent whose authorization the test refuses with ``guard``; the claim is real."""
+    base, it, _ = approved_intent()
+    base.approve(it.key, approver="alice", expires_in=600)
+
+    def refuse(lease, **kw):
+        raise cls(event, it.key, guard, "leased")
+
+    return base, it, Spy(base, authorize_dispatch=refuse)
+
+
+def test_a_lost_rate_window_slot_gives_the_claim_back_and_waits():
+    base, it, spy = claimed("rate_limit_clear")
+    assert dispatch_with(spy).dispatch(it.key) == "gate.rate_limited"
+    assert len(spy.args("release_claim")) == 1
+    assert base.claim("room-1").state == "free"
+
+
+def test_a_claim_owner_refusal_of_a_claim_move_is_a_stale_worker_not_a_refused_claim():
+    base, it, spy = claimed("claim_owner", event=next(iter(MemoryStore(clock=FakeClock()).claim_table.events)))
+    with pytest.raises(GuardRefused) as e:
+        dispatch_with(spy).dispatch(it.key)
+    assert e.value.guard == "claim_owner"
+    assert len(spy.args("release_claim")) == 1
+
+
+def test_a_refusal_by_a_guard_that_is_no_policy_gate_is_raised_and_the_claim_given_back():
+    base, it, spy = claimed("lease_holder")
+    with pytest.raises(GuardRefused) as e:
+        dispatch_with(spy).dispatch(it.key)
+    assert e.value.guard == "lease_holder"
+    assert len(spy.args("release_claim")) == 1
+    assert spy.kw("block_at_gate") == []
+    assert base.claim("room-1").state == "free"
+
+
+# ---------------------------------------------------------------- retry_failed
+def failed(s, n, **kw):
+    return [to_state(s, "failed", text=f"t{i}", **kw)[0].key for i in range(n)]
+
+
+def test_retry_failed_takes_at_most_the_given_limit_not_the_configured_one():
+    s = MemoryStore(clock=FakeClock())
+    failed(s, 3)
+    assert Sweeper(s, CONFIG).retry_failed(limit=2) == {"retried": 2, "exhausted": 0, "skipped": 0}
+    assert len(s.list_intents(state="failed")) == 1
+
+
+def test_an_intent_whose_last_attempt_failed_is_exhausted_not_retried():
+    s = MemoryStore(clock=FakeClock())
+    keys = failed(s, 2, max_attempts=1)  # one attempt made, one allowed
+    assert Sweeper(s, CONFIG).retry_failed() == {"retried": 0, "exhausted": 2, "skipped": 0}
+    assert [s.get(k).state for k in keys] == ["parked", "parked"]
+
+
+def test_an_intent_with_attempts_left_is_retried():
+    s = MemoryStore(clock=FakeClock())
+    (key,) = failed(s, 1, max_attempts=2)
+    assert Sweeper(s, CONFIG).retry_failed() == {"retried": 1, "exhausted": 0, "skipped": 0}
+    assert s.get(key).state == "pending"
+
+
+def test_every_refused_retry_is_counted_as_skipped():
+    base = MemoryStore(clock=FakeClock())
+    keys = failed(base, 2)
+
+    def refuse(key):
+        raise GuardRefused("retry", key, "lost_race", "failed")
+
+    spy = Spy(base, retry=refuse)
+    assert Sweeper(spy, CONFIG).retry_failed() == {"retried": 0, "exhausted": 0, "skipped": 2}
+    assert sorted(a for (a,) in spy.args("retry")) == sorted(keys)
+
+
+# ---------------------------------------------------------------- Reconciler.run
+def test_reconciler_run_defers_every_recent_intent_and_goes_on_to_the_due_ones():
+    clock = FakeClock()
+    base = MemoryStore(clock=clock)
+    old = unknown(base, text="old")
+    clock.advance(10)
+    recent = [unknown(base, text=f"recent{i}") for i in range(2)]
+    spy = Spy(base, list_intents=lambda state, limit: [recent[0], recent[1], old])
+    r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_interval=5))
+    assert r.run() == {"deferred": 2, "lookup.unsupported": 1}
+    assert base.get(old.key).state == "parked" and base.get(recent[0].key).state == "indeterminate"
+
+
+def test_reconciler_run_lists_one_batch_or_the_given_limit():
+    base = MemoryStore(clock=FakeClock())
+    spy = Spy(base)
+    r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_batch=7))
+    assert r.run() == {} and r.run(limit=3) == {}
+    assert [kw["limit"] for kw in spy.kw("list_intents")] == [7, 3]
+
+
+def test_reconciler_run_counts_a_refused_settlement_as_skipped():
+    base = MemoryStore(clock=FakeClock())
+    its = [unknown(base, text=f"t{i}") for i in range(2)]
+
+    def refuse(plan, **kw):
+        raise GuardRefused("park_unreconcilable", plan.key, "plan_unchanged", "indeterminate")
+
+    spy = Spy(base, park_unreconcilable=refuse)
+    assert Reconciler(spy, Platform(Capabilities()), CONFIG).run() == {"skipped": 2}
+    assert [base.get(it.key).state for it in its] == ["indeterminate", "indeterminate"]
+
+
+# ---------------------------------------------------------------- the wire request and the descriptor
+def test_a_post_whose_body_looks_like_a_retraction_is_still_a_create():
+    s = MemoryStore(clock=FakeClock())
+    it = s.submit("acct", "post", "room-1", {"retracts": "k", "remote_id": "r", "mode": "delete"})
+    wire = wire_request(it)
+    assert (wire.action, wire.object_id) == ("create", None)
+
+
+def test_the_wire_request_carries_the_resend_epoch():
+    s = MemoryStore(clock=FakeClock())
+    it = dataclasses.replace(submit(s), resend_epoch=3)
+    assert wire_request(it).resend_epoch == 3
+
+
+def test_the_dispatch_descriptor_records_the_idempotency_key():
+    base = MemoryStore(clock=FakeClock())
+    it = submit(base)
+    assert dispatch_with(Spy(base)).dispatch(it.key) == "read_back.match"
+    assert base.get(it.key).descriptor["idempotency_key"] == wire_request(it).idempotency_key

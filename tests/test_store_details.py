@@ -9,6 +9,9 @@ tests use a model subclass that records the listing calls.
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 
 from atmostonce import GuardRefused, IntakeError, MemoryStore
@@ -226,3 +229,217 @@ def test_declare_restore_stops_at_a_batch_that_moves_nothing():
     assert fenced == 1
     assert (s.get(a.key).state, s.get(b.key).state) == ("pending", "indeterminate")
     assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
+
+
+# ---------------------------------------------------------------- plans and sweeper snapshots
+def unknown_intent(s):
+    return to_state(s, "indeterminate")[0]
+
+
+def test_a_plan_that_is_no_plan_is_named_by_its_type():
+    s = MemoryStore(clock=FakeClock())
+    look_alike = SimpleNamespace(key=unknown_intent(s).key)  # a key, but not a Plan
+    assert refusal(s.reconcile_not_found, look_alike) == "expected a Plan (Intent.plan), got SimpleNamespace"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("generation", True, "plan generation must be a 64-bit integer, got True"),
+        ("reconcile_count", "1", "plan reconcile count must be a 64-bit integer, got '1'"),
+        ("epoch", 2**63, f"plan epoch must be a 64-bit integer, got {2**63}"),
+    ],
+)
+def test_a_plan_field_out_of_range_is_named(field, value, message):
+    s = MemoryStore(clock=FakeClock())
+    plan = dataclasses.replace(unknown_intent(s).plan, **{field: value})
+    assert refusal(s.reconcile_not_found, plan) == message
+
+
+def test_a_plan_without_generation_or_epoch_is_checked_by_the_guard_not_refused_at_intake():
+    s = MemoryStore(clock=FakeClock())
+    plan = dataclasses.replace(unknown_intent(s).plan, generation=None, epoch=None)
+    with pytest.raises(GuardRefused) as info:
+        s.reconcile_not_found(plan)
+    assert info.value.guard == "plan_unchanged"
+
+
+def test_a_sweeper_snapshot_that_is_no_intent_is_named_by_its_type():
+    s = MemoryStore(clock=FakeClock())
+    look_alike = SimpleNamespace(key=to_state(s, "authorized")[0].key)
+    assert refusal(s.expire_lease, look_alike) == "expected an Intent snapshot, got SimpleNamespace"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("generation", "2", "generation must be a 64-bit integer, got '2'"),
+        ("attempt_token", "a\x00b", None),
+    ],
+)
+def test_a_sweeper_snapshot_field_out_of_range_is_named(field, value, message):
+    s = MemoryStore(clock=FakeClock())
+    snap = dataclasses.replace(to_state(s, "authorized")[0], **{field: value})
+    got = refusal(s.expire_lease, snap)
+    if message is None:
+        assert got.startswith("attempt token ")
+    else:
+        assert got == message
+
+
+def test_a_snapshot_with_no_attempt_token_or_generation_reaches_the_guard():
+    s = MemoryStore(clock=FakeClock())
+    snap = dataclasses.replace(to_state(s, "authorized")[0], attempt_token=None, generation=None)
+    with pytest.raises(GuardRefused):
+        s.expire_lease(snap)
+
+
+# ---------------------------------------------------------------- what the operator and reconciler moves record
+def last_detail(s, key):
+    return s.history(key)[-1].detail
+
+
+def test_park_records_its_reason_and_defaults_to_operator_stop(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "indeterminate", text="a")
+    b, _ = to_state(s, "indeterminate", text="b")
+    assert refusal(s.park, a.key, operator="al", reason="") == "reason must not be empty"
+    s.park(a.key, operator="al")
+    s.park(b.key, operator="al", reason="wrong room")
+    assert last_detail(s, a.key)["reason"] == "operator stop"
+    assert last_detail(s, b.key)["reason"] == "wrong room"
+
+
+def test_resolve_not_sent_records_its_reason_and_defaults_to_operator_not_sent(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "parked", text="a")
+    b, _ = to_state(s, "parked", text="b")
+    assert refusal(s.resolve_not_sent, a.key, operator="al", reason="") == "reason must not be empty"
+    s.resolve_not_sent(a.key, operator="al")
+    s.resolve_not_sent(b.key, operator="al", reason="checked the room")
+    assert last_detail(s, a.key)["reason"] == "operator: not sent"
+    assert last_detail(s, b.key)["reason"] == "checked the room"
+
+
+def test_park_unreconcilable_records_its_reason_and_an_unknown_result(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    assert refusal(s.park_unreconcilable, it.plan, reason="") == "reason must not be empty"
+    s.park_unreconcilable(it.plan, reason="no lookup")
+    detail = last_detail(s, it.key)
+    assert (detail["reason"], detail["result"]) == ("no lookup", "unknown")
+    assert s.get(it.key).state == "parked"
+
+
+def test_reconcile_found_records_the_remote_id_and_a_confirmed_result(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    assert refusal(s.reconcile_found, it.plan, remote_id="") == "remote_id must not be empty"
+    s.reconcile_found(it.plan, remote_id="rid-4")
+    detail = last_detail(s, it.key)
+    assert (detail["remote_id"], detail["result"]) == ("rid-4", "confirmed")
+    assert [(r.result, r.remote_id) for r in s.reconciliations(it.key)][-1] == ("confirmed", "rid-4")
+
+
+# ---------------------------------------------------------------- set_rate_limit and capture_source
+def test_set_rate_limit_names_each_bad_argument(any_store):
+    s = any_store.store
+    assert refusal(s.set_rate_limit, "", 1) == "account must not be empty"
+    assert refusal(s.set_rate_limit, "acct", 0) == "max_sends must be a positive integer, got 0"
+    assert refusal(s.set_rate_limit, "acct", 1, window_seconds=0) == (
+        "window_seconds must be a positive, finite number of seconds up to 31622400"
+    )
+
+
+def test_the_default_rate_window_is_sixty_seconds(any_store):
+    s = any_store.store
+    s.set_rate_limit("acct", 1)
+    begin_authorize(s, submit(s, text="one").key)
+    assert s.rate_limited("acct") is True
+    any_store.advance(59.5)
+    assert s.rate_limited("acct") is True
+    any_store.advance(1)
+    assert s.rate_limited("acct") is False
+
+
+def test_capture_source_names_each_bad_argument_and_takes_a_2048_character_id(any_store):
+    s = any_store.store
+    assert refusal(s.capture_source, "", "x") == "source id must not be empty"
+    assert refusal(s.capture_source, "s" * 2049, "x") == "source id is longer than 2048 characters"
+    assert s.capture_source("s" * 2048, "x").source_id == "s" * 2048
+    assert refusal(s.capture_source, "src", b"x") == "body must be the source's visible text (str)"
+    assert refusal(s.capture_source, "src", "a\x00b") == "text contains a NUL byte"
+
+
+# ---------------------------------------------------------------- the worker's and reconciler's records, named
+def test_each_worker_record_names_an_empty_reason_or_remote_id(any_store):
+    s = any_store.store
+    _, lease = to_state(s, "authorized")
+    assert refusal(s.record_unknown, lease, reason="") == "reason must not be empty"
+    assert refusal(s.record_not_sent, lease, reason="") == "reason must not be empty"
+    assert refusal(s.read_back_failed, lease, reason="") == "reason must not be empty"
+    assert refusal(s.record_success, lease, remote_id="") == "remote_id must not be empty"
+
+
+def test_record_unknown_records_its_reason(any_store):
+    s = any_store.store
+    it, lease = to_state(s, "authorized")
+    s.record_unknown(lease, reason="read timeout 7")
+    assert last_detail(s, it.key)["reason"] == "read timeout 7"
+
+
+def test_record_success_records_the_remote_id_and_the_response_digest(any_store):
+    s = any_store.store
+    it, lease = to_state(s, "authorized")
+    s.record_success(lease, remote_id="r-9", response_digest="d" * 64)
+    detail = last_detail(s, it.key)
+    assert (detail["remote_id"], detail["response_digest"]) == ("r-9", "d" * 64)
+
+
+def test_resolve_published_names_an_empty_remote_id(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "parked")
+    assert refusal(s.resolve_published, it.key, operator="al", remote_id="") == "remote_id must not be empty"
+
+
+@pytest.mark.parametrize(("move", "result"), [("reconcile_not_found", "unknown"), ("reconcile_absent", "failed")])
+def test_a_reconciler_lookup_records_its_result(any_store, move, result):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    kw = {"fenced": True} if move == "reconcile_absent" else {}
+    getattr(s, move)(it.plan, **kw)
+    assert last_detail(s, it.key)["result"] == result
+
+
+def test_an_operator_is_a_string_of_at_most_256_characters(any_store):
+    s = any_store.store
+    a, _ = to_state(s, "indeterminate", text="a")
+    assert refusal(s.park, a.key, operator=1) == "operator must be a string, got int"
+    assert refusal(s.park, a.key, operator="o" * 257) == "operator is longer than 256 characters"
+    s.park(a.key, operator="o" * 256)
+    assert s.get(a.key).state == "parked"
+
+
+def test_a_credential_version_may_be_none_but_not_empty(any_store):
+    s = any_store.store
+    assert refusal(s.set_credential_version, "acct", "") == "version must not be empty"
+    s.set_credential_version("acct", None)
+
+
+def test_max_sends_is_at_most_a_billion(any_store):
+    s = any_store.store
+    s.set_rate_limit("acct", 10**9)
+    assert refusal(s.set_rate_limit, "acct", 10**9 + 1) == "max_sends must be a positive integer, got 1000000001"
+    assert s.rate_limited("acct") is False
+
+
+def test_authorize_dispatch_names_a_bad_send_lease_and_defaults_to_sixty_seconds():
+    clock = FakeClock()
+    s = MemoryStore(clock=clock)
+    it = submit(s)
+    lease = s.begin(it.key, lease_seconds=30)
+    assert refusal(s.authorize_dispatch, lease, request_digest=it.request_digest, send_lease_seconds=0) == (
+        "send_lease_seconds must be a positive, finite number of seconds up to 31622400"
+    )
+    s.authorize_dispatch(lease, request_digest=it.request_digest)
+    assert s.get(it.key).lease_expires_at == s.now() + 60
