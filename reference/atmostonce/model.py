@@ -97,6 +97,22 @@ def _build_machine(t: Table) -> Machine:
     )
 
 
+def _chain_fields(h: HistoryEntry) -> tuple:
+    """A history row's fields in ``atmostonce.audit.HISTORY_FIELDS`` order, detail in the model's text form."""
+    return (
+        h.seq,
+        h.key,
+        h.event,
+        h.actor,
+        h.from_state,
+        h.to_state,
+        h.attempt_token,
+        h.generation,
+        model_detail_text(h.detail),
+        h.recorded_at,
+    )
+
+
 class MemoryStore(MemoryClaims, Operations):
     """In-memory store implementing the full operation set; thread-safe by one lock.
 
@@ -328,19 +344,7 @@ class MemoryStore(MemoryClaims, Operations):
     def _append_history(self, h: HistoryEntry) -> None:
         """Append a history row and chain it to the intent's newest one (``atmostonce.audit``)."""
         prev = self._heads.get(h.key)
-        digest = history_hash(
-            prev,
-            h.seq,
-            h.key,
-            h.event,
-            h.actor,
-            h.from_state,
-            h.to_state,
-            h.attempt_token,
-            h.generation,
-            model_detail_text(h.detail),
-            h.recorded_at,
-        )
+        digest = history_hash(prev, *_chain_fields(h))
         self._history.append(h)
         self._chain[h.seq] = (prev, digest)
         self._heads[h.key] = digest
@@ -358,18 +362,7 @@ class MemoryStore(MemoryClaims, Operations):
                 if h.key != key:
                     continue
                 prev, digest = self._chain.get(h.seq, (None, None))
-                texts = field_texts(
-                    h.seq,
-                    h.key,
-                    h.event,
-                    h.actor,
-                    h.from_state,
-                    h.to_state,
-                    h.attempt_token,
-                    h.generation,
-                    model_detail_text(h.detail),
-                    h.recorded_at,
-                )
+                texts = field_texts(*_chain_fields(h))
                 rows.append(AuditRow(h.seq, texts, prev, digest))
             return AuditChain(key, tuple(rows), self._history_count.get(key))
 
