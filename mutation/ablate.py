@@ -2,7 +2,7 @@
 layer, run the tests aimed at that layer, and require a red test (seed 004, "Mutation-test every
 guard, at the layer the guard lives in").
 
-    python -m mutation.ablate                 # every mutant (``make mutation``)
+    python -m mutation.ablate                 # every mutant (``make ablation``, part of ``make mutation``)
     python -m mutation.ablate --slice 0/8     # a bounded slice (CI runs one)
     python -m mutation.ablate --only model:guard:lease_live
 

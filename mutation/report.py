@@ -50,7 +50,7 @@ def render() -> str:
         "# Guards: where each lives and which test kills its removal",
         "",
         "Every guard in the table's catalogue is enforced twice: by a model predicate and by a SQL fragment "
-        "inside the conditional write. `make mutation` removes each one at one layer at a time and runs the "
+        "inside the conditional write. `make ablation` (part of `make mutation`) removes each one at one layer at a time and runs the "
         "tests aimed at that layer; a guard whose removal no test notices fails the run. Parameters such as "
         "`:p_generation` are what the caller presented.",
         "",
