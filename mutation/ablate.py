@@ -88,6 +88,10 @@ def mutants() -> list[str]:
     # every coupling of an intent event to a claim move (spec/table.toml `couples`), per layer
     for layer in LAYERS:
         out += [f"{layer}:coupling:{e.name}" for e in t.events.values() if e.couples]
+    # a guard the database enforces a second time: the fragment and that object removed together
+    from mutation.ablation_plugin import BACKSTOPS
+
+    out += [f"{layer}:guard-and-backstop:{g}" for g, by in BACKSTOPS.items() for layer in LAYERS if layer in by]
     return out
 
 

@@ -12,7 +12,10 @@ LAYER: ``model``, ``sqlite``, ``postgresql`` or ``runtime``. KIND and NAME:
   claim machine (spec/approval.toml, spec/claim.toml);
 * ``coupling:<event>``: the intent event no longer moves the claim it couples (its ``couples`` and
   ``couples_required`` are emptied) in that layer;
-* ``outcome:<outcome>=<event>``: the runtime records ``outcome`` with ``event`` instead.
+* ``outcome:<outcome>=<event>``: the runtime records ``outcome`` with ``event`` instead;
+* ``guard-and-backstop:<guard>`` (SQL layers): the guard's fragment is left out as for ``guard:``, and
+  the database object that enforces the same rule a second time (``BACKSTOPS``) is dropped from the
+  database the store opens, so the rule is gone from that layer altogether.
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ import dataclasses
 from types import MappingProxyType
 
 import pytest
+
+
+# guards whose SQL fragment a database object backs up (spec 004 M6: the duplicate-text exclusion lives in
+# the database): removing the fragment alone is equivalent (mutation/expected.json), so the ablation also
+# removes the object. Statement per dialect; each is idempotent, since every store opened runs it.
+BACKSTOPS = {
+    "text_window_clear": {
+        "sqlite": "DROP TRIGGER IF EXISTS aom_text_claims_window",
+        "postgresql": "ALTER TABLE aom_text_claims DROP CONSTRAINT IF EXISTS aom_text_claims_window",
+    },
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -92,8 +106,13 @@ def pytest_configure(config: pytest.Config) -> None:
         original_init(self, *args, **kwargs)
         if layer != "model" and self.dialect != layer:
             return
-        if kind == "guard":
+        if kind in ("guard", "guard-and-backstop"):
             self._disabled_guards = frozenset({name})
+        if kind == "guard-and-backstop":
+            import sqlalchemy as sa
+
+            with self.engine.begin() as conn:
+                conn.execute(sa.text(BACKSTOPS[name][layer]))
         elif kind == "source" and layer != "model":
             self.table = _table_without_source(*name.split("/", 1))
             self._cache.clear()

@@ -39,6 +39,8 @@ def render() -> str:
     from atmostonce.table import table
     from atmostonce_sql.guards import SQL_GUARDS
 
+    from mutation.ablation_plugin import BACKSTOPS
+
     t = table()
     results = json.loads(RESULTS.read_text())["results"] if RESULTS.exists() else []
     by_mutant = {r["mutant"]: r for r in results}
@@ -76,9 +78,15 @@ def render() -> str:
             else:
                 verdict = f"**survived** ({r.get('note') or r.get('by') or 'no failing test'})"
             lines.append(f"* removed from {layer}: {verdict}")
+            both = f"{layer}:guard-and-backstop:{g.name}"
+            if both in by_mutant or (layer != "model" and g.name in BACKSTOPS and layer in BACKSTOPS[g.name]):
+                lines.append(
+                    f"* removed from {layer} together with the database object that backs it "
+                    f"(`{BACKSTOPS[g.name][layer]}`): {_verdict(by_mutant, equivalent, both)}"
+                )
         lines.append("")
     lines += _machine_sections(by_mutant, equivalent)
-    others = [r for r in results if ":guard:" not in r["mutant"]]
+    others = [r for r in results if ":guard:" not in r["mutant"] and ":guard-and-backstop:" not in r["mutant"]]
     if others:
         killed = sum(r["killed"] for r in others)
         lines += [
