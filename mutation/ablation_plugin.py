@@ -25,7 +25,6 @@ from types import MappingProxyType
 
 import pytest
 
-
 # guards whose SQL fragment a database object backs up (spec 004 M6: the duplicate-text exclusion lives in
 # the database): removing the fragment alone is equivalent (mutation/expected.json), so the ablation also
 # removes the object. Statement per dialect; each is idempotent, since every store opened runs it.

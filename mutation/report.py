@@ -38,7 +38,6 @@ def render() -> str:
     from atmostonce.guards import GUARDS
     from atmostonce.table import table
     from atmostonce_sql.guards import SQL_GUARDS
-
     from mutation.ablation_plugin import BACKSTOPS
 
     t = table()
