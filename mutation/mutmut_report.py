@@ -51,6 +51,9 @@ def record(scope: list[str], seconds: float, max_children: int, mutants: Path = 
         count += 1
     res["mutants"] = dict(sorted(old.items()))
     res["killed_after_surviving"] = sorted(revived)
+    if len(scope) > 6:  # a run of named mutants (survivors again, or the ones not run yet): say how many, of what
+        modules = ", ".join(sorted({module_of(n) for n in scope}))
+        scope = [f"{len(scope)} named mutants of {modules}"]
     res["runs"].append(
         {
             "scope": scope or ["*"],

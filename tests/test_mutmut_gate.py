@@ -149,6 +149,13 @@ def test_recording_drops_verdicts_of_mutants_no_longer_generated(tmp_path):
     assert res["generated"] == {"atmostonce.identity": 1}
 
 
+def test_a_run_of_many_named_mutants_is_recorded_by_count_and_module(tmp_path):
+    names = [f"atmostonce.identity.x_claim_id__mutmut_{i}" for i in range(1, 9)]
+    res = record(names, 1.0, 1, _write_run(tmp_path, {KILLED: 1, SURVIVED: 0}), tmp_path / "results.json")
+    assert res["runs"][-1]["scope"] == ["8 named mutants of atmostonce.identity"]
+    assert res["runs"][-1]["mutants"] == 2  # the two the run had results for
+
+
 def test_the_conformance_suite_is_left_out_of_mutmut_and_nothing_else_is():
     import tomllib
 
