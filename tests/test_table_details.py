@@ -62,7 +62,9 @@ def test_a_machine_file_is_held_to_the_machine_schema(tmp_path):
     kept = "\n".join(line for line in body.splitlines() if not line.startswith("meaning = "))
     broken = tmp_path / "approval.toml"
     broken.write_text(f"{head}[states.approved]\n{kept}\n\n{tail}", "utf-8")
-    with pytest.raises(TableError, match="^table does not match its schema at states/approved: 'meaning' is a required"):
+    with pytest.raises(
+        TableError, match="^table does not match its schema at states/approved: 'meaning' is a required"
+    ):
         load_machine("approval", broken)
 
 
