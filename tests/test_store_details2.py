@@ -201,3 +201,61 @@ def test_a_request_digest_of_128_characters_passes_intake_and_must_match(any_sto
         dispatch(s, lease, request_digest="d" * 128)
     assert info.value.guard == "request_digest_matches"
     assert snapshot(s, it.key) == before
+
+
+# ------------------------------------------------------------------------------ submit
+def test_submit_applies_the_stores_own_payload_cap(any_store):
+    s = any_store.store
+    s.max_payload_bytes = 64  # bytes of canonical JSON
+    message = refusal(submit, s, text="x" * 100)
+    assert message == "request is 111 bytes of canonical JSON; the limit is 64"
+    assert s.list_intents() == []
+    assert submit(s, text="short").state == "pending"
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_a_resubmission_cannot_change_the_approval_requirement(any_store, first):
+    s = any_store.store
+    it = submit(s, requires_approval=first)
+    message = refusal(submit, s, requires_approval=not first)
+    assert message == (
+        f"this delivery exists already with requires_approval={first}; "
+        "an approval requirement cannot be added to or dropped from an intent"
+    )
+    assert s.get(it.key).requires_approval is first
+    assert [x.key for x in s.list_intents()] == [it.key]
+
+
+# every move that takes begin()'s Lease, a sweeper's Intent snapshot or a reconciler's Plan checks its type
+# before it reads the key: a wrong object is an IntakeError naming what was expected, not an AttributeError
+LEASE_MOVES = {
+    "block_at_gate": {"reason": "r"},
+    "confirm_read_back": {},
+    "read_back_failed": {"reason": "r"},
+    "record_not_sent": {"reason": "r"},
+    "record_unknown": {"reason": "r"},
+    "record_success": {"remote_id": "x"},
+    "authorize_dispatch": {"request_digest": "d"},
+}
+INTENT_MOVES = ("expire_lease", "abandon_attempt")
+PLAN_MOVES = {
+    "reconcile_found": {"remote_id": "x"},
+    "reconcile_not_found": {},
+    "reconcile_absent": {"fenced": True},
+    "park_unreconcilable": {"reason": "r"},
+}
+
+
+@pytest.mark.parametrize("wrong", [None, "a-key", SimpleNamespace(key="k")], ids=["None", "str", "look-alike"])
+def test_a_move_given_the_wrong_object_names_what_it_expected(any_store, wrong):
+    s = any_store.store
+    it, _ = begun(s)
+    before = snapshot(s, it.key)
+    kind = type(wrong).__name__
+    for name, kw in LEASE_MOVES.items():
+        assert refusal(getattr(s, name), wrong, **kw) == f"expected a Lease from begin(), got {kind}", name
+    for name in INTENT_MOVES:
+        assert refusal(getattr(s, name), wrong) == f"expected an Intent snapshot, got {kind}", name
+    for name, kw in PLAN_MOVES.items():
+        assert refusal(getattr(s, name), wrong, **kw) == f"expected a Plan (Intent.plan), got {kind}", name
+    assert snapshot(s, it.key) == before
