@@ -53,7 +53,8 @@ def record(scope: list[str], seconds: float, max_children: int, mutants: Path = 
     res["killed_after_surviving"] = sorted(revived)
     if len(scope) > 6:  # a run of named mutants (survivors again, or the ones not run yet): say how many, of what
         modules = ", ".join(sorted({module_of(n) for n in scope}))
-        scope = [f"{len(scope)} named mutants of {modules}"]
+        what = "mutant names or patterns" if any("*" in n for n in scope) else "named mutants"
+        scope = [f"{len(scope)} {what} of {modules}"]
     res["runs"].append(
         {
             "scope": scope or ["*"],
