@@ -155,7 +155,7 @@ def test_a_run_of_many_named_mutants_is_recorded_by_count_and_module(tmp_path):
     assert res["runs"][-1]["scope"] == ["8 named mutants of atmostonce.identity"]
     assert res["runs"][-1]["mutants"] == 2  # the two the run had results for
     globs = [f"atmostonce.identity.x_f{i}__mutmut_*" for i in range(7)]
-    res = record(globs, 1.0, 1, _write_run(tmp_path, {KILLED: 1, SURVIVED: 0}), tmp_path / "results.json")
+    res = record(globs, 1.0, 1, _write_run(tmp_path / "b", {KILLED: 1, SURVIVED: 0}), tmp_path / "results.json")
     assert res["runs"][-1]["scope"] == ["7 mutant names or patterns of atmostonce.identity"]
 
 
