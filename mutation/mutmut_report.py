@@ -38,7 +38,8 @@ def record(scope: list[str], seconds: float, max_children: int, mutants: Path = 
     statuses = load_statuses(mutants)
     res["mutmut"] = version("mutmut")
     res["generated"] = dict(sorted(Counter(module_of(n) for n in statuses).items()))
-    old = res.setdefault("mutants", {})
+    # a mutant whose name mutmut no longer generates mutated code that has changed or gone: drop its verdict
+    old = {n: s for n, s in res.get("mutants", {}).items() if n in statuses}
     revived = set(res.setdefault("killed_after_surviving", []))
     count = 0
     for name, status in statuses.items():
@@ -50,6 +51,10 @@ def record(scope: list[str], seconds: float, max_children: int, mutants: Path = 
         count += 1
     res["mutants"] = dict(sorted(old.items()))
     res["killed_after_surviving"] = sorted(revived)
+    if len(scope) > 6:  # a run of named mutants (survivors again, or the ones not run yet): say how many, of what
+        modules = ", ".join(sorted({module_of(n) for n in scope}))
+        what = "mutant names or patterns" if any("*" in n for n in scope) else "named mutants"
+        scope = [f"{len(scope)} {what} of {modules}"]
     res["runs"].append(
         {
             "scope": scope or ["*"],
@@ -79,7 +84,12 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         "",
         f"mutmut {res.get('mutmut', '3')} mutates the code inside functions of `reference/atmostonce/` and "
         "`adapters/atmostonce_sql/guards.py` and runs the fast tests (no PostgreSQL, no Synapse, nothing marked "
-        "slow) against each mutant. The table's data (guards, source states, outcome mappings) is not code inside "
+        "slow) against each mutant. It leaves out `atmostonce.conformance` and `atmostonce.testing` "
+        "(`do_not_mutate`): they are the conformance suite, shipped inside the package so that other "
+        "implementations can run it, and so are tests rather than code under test. What shows that they catch "
+        "what they must is the other direction: the guard-ablation runner removes every guard, source state and "
+        "outcome mapping, one at a time, and requires these tests to go red (docs/guards.md), and the naive "
+        "store in tests/conformance fails them case by case. The table's data (guards, source states, outcome mappings) is not code inside "
         "a function; the guard-ablation runner covers it (docs/guards.md). Configuration: `[tool.mutmut]` in "
         "pyproject.toml; mutmut runs in the staging folder `build/mutmut/` (`python -m mutation.mutmut_run`) "
         "because it names mutants after file paths. `make mutmut` runs everything, `make mutmut-slice` the CI "

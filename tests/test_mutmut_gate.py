@@ -140,6 +140,39 @@ def test_recording_a_kill_after_a_survival_remembers_it(tmp_path):
     assert [r["scope"] for r in res["runs"]] == [["*"], [SURVIVED]]
 
 
+def test_recording_drops_verdicts_of_mutants_no_longer_generated(tmp_path):
+    results = tmp_path / "results.json"
+    record([], 1.0, 1, _write_run(tmp_path / "a", {KILLED: 1, SURVIVED: 0}), results)
+    # the code SURVIVED mutated changed: mutmut no longer generates it, so its verdict would describe nothing
+    res = record([KILLED], 1.0, 1, _write_run(tmp_path / "b", {KILLED: 1}), results)
+    assert res["mutants"] == {KILLED: "killed"}
+    assert res["generated"] == {"atmostonce.identity": 1}
+
+
+def test_a_run_of_many_named_mutants_is_recorded_by_count_and_module(tmp_path):
+    names = [f"atmostonce.identity.x_claim_id__mutmut_{i}" for i in range(1, 9)]
+    res = record(names, 1.0, 1, _write_run(tmp_path, {KILLED: 1, SURVIVED: 0}), tmp_path / "results.json")
+    assert res["runs"][-1]["scope"] == ["8 named mutants of atmostonce.identity"]
+    assert res["runs"][-1]["mutants"] == 2  # the two the run had results for
+    globs = [f"atmostonce.identity.x_f{i}__mutmut_*" for i in range(7)]
+    res = record(globs, 1.0, 1, _write_run(tmp_path / "b", {KILLED: 1, SURVIVED: 0}), tmp_path / "results.json")
+    assert res["runs"][-1]["scope"] == ["7 mutant names or patterns of atmostonce.identity"]
+
+
+def test_the_conformance_suite_is_left_out_of_mutmut_and_nothing_else_is():
+    import tomllib
+
+    from mutation.mutmut_run import ROOT
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["mutmut"]
+    assert cfg["only_mutate"] == ["atmostonce/*", "atmostonce_sql/guards.py"]
+    assert cfg["do_not_mutate"] == ["atmostonce/conformance/*", "atmostonce/testing/*"]
+    # the report says which packages are left out and why; it must name exactly these
+    from mutation.mutmut_report import render
+
+    assert "It leaves out `atmostonce.conformance` and `atmostonce.testing`" in render()
+
+
 def test_docs_mutmut_md_is_generated_from_the_recorded_results():
     from mutation.mutmut_report import DOC
 

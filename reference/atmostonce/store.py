@@ -300,7 +300,8 @@ class Operations(ClaimOperations):
         return self._move("authorize_dispatch", lease.key, args)
 
     def block_at_gate(self, lease: Lease, *, reason: str) -> Intent:
-        return self._move("block_at_gate", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
+        return self._move("block_at_gate", lease.key, args)
 
     def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent:
         args = _lease_args(lease) | {
@@ -310,25 +311,31 @@ class Operations(ClaimOperations):
         return self._move("record_success", lease.key, args)
 
     def confirm_read_back(self, lease: Lease) -> Intent:
-        return self._move("confirm_read_back", lease.key, _lease_args(lease))
+        args = _lease_args(lease)
+        return self._move("confirm_read_back", lease.key, args)
 
     def read_back_failed(self, lease: Lease, *, reason: str) -> Intent:
-        return self._move("read_back_failed", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
+        return self._move("read_back_failed", lease.key, args)
 
     def record_not_sent(self, lease: Lease, *, reason: str) -> Intent:
-        return self._move("record_not_sent", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
+        return self._move("record_not_sent", lease.key, args)
 
     def record_unknown(self, lease: Lease, *, reason: str) -> Intent:
-        return self._move("record_unknown", lease.key, _lease_args(lease) | {"reason": _need_text("reason", reason)})
+        args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
+        return self._move("record_unknown", lease.key, args)
 
     # -- sweeper --------------------------------------------------------------------------
     def expire_lease(self, intent: Intent) -> Intent:
         """Post-authorization lease expired: to ``indeterminate``; moves only the row as planned."""
-        return self._move("expire_lease", intent.key, _stale_args(intent))
+        args = _stale_args(intent)
+        return self._move("expire_lease", intent.key, args)
 
     def abandon_attempt(self, intent: Intent) -> Intent:
         """Pre-authorization lease expired: close the attempt as abandoned; intent stays ``pending``."""
-        return self._move("abandon_attempt", intent.key, _stale_args(intent))
+        args = _stale_args(intent)
+        return self._move("abandon_attempt", intent.key, args)
 
     # -- reconciler -----------------------------------------------------------------------
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:
@@ -336,10 +343,12 @@ class Operations(ClaimOperations):
         return self._move("reconcile_found", plan.key, args)
 
     def reconcile_not_found(self, plan: Plan) -> Intent:
-        return self._move("reconcile_not_found", plan.key, _plan_args(plan) | {"result": "unknown"})
+        args = _plan_args(plan) | {"result": "unknown"}
+        return self._move("reconcile_not_found", plan.key, args)
 
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
-        return self._move("reconcile_absent", plan.key, _plan_args(plan) | {"fenced": fenced, "result": "failed"})
+        args = _plan_args(plan) | {"fenced": fenced, "result": "failed"}
+        return self._move("reconcile_absent", plan.key, args)
 
     def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent:
         args = _plan_args(plan) | {"reason": _need_text("reason", reason), "result": "unknown"}
