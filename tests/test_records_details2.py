@@ -8,11 +8,23 @@ import datetime
 
 import pytest
 
-from atmostonce import IntakeError
+from atmostonce import IntakeError, identity
+from atmostonce.identity import (
+    NORMALIZER_VERSION,
+    canonical_json,
+    delivery_key,
+    load_canonical,
+    request_digest,
+    text_digest,
+)
 from atmostonce.records import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_RECONCILES,
     MAX_CAP,
     MAX_LEASE_SECONDS,
+    MAX_TEXT_CHARS,
     check_json_object,
+    check_text,
     prepare_submission,
     validate_lease_seconds,
 )
@@ -236,3 +248,140 @@ def test_begin_refuses_a_huge_lease_and_leaves_the_intent_pending(any_store):
     assert after.state == "pending" and after.attempt_count == 0 and after.attempt_token is None
     lease = store.begin(it.key, lease_seconds=MAX_LEASE_SECONDS)
     assert lease.expires_at > store.get(it.key).created_at + MAX_LEASE_SECONDS - 60
+
+
+# -- the request itself ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("request_", "kind"), [([1], "list"), ("text", "str"), (None, "NoneType")])
+def test_a_request_that_is_not_an_object_is_refused_with_its_type(request_, kind):
+    assert refusal(prepare_submission, "acct", "post", "room-1", request_) == (
+        f"request must be a JSON object, got {kind}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ({"x": float("nan")}, "$.x: NaN and infinities have no canonical JSON form"),
+        ({"x": {1: "a"}}, "$.x: object keys must be strings, got int"),
+        ({"x": {1, 2}}, "$.x: set is not JSON-serializable"),
+    ],
+)
+def test_a_request_without_canonical_json_is_refused_as_intake(any_store, request_, message):
+    store = any_store.store
+    assert refusal(prepare_submission, "acct", "post", "room-1", request_) == message
+    assert refusal(store.submit, "acct", "post", "room-1", request_) == message
+    assert store.list_intents() == []
+
+
+def test_a_request_of_exactly_the_payload_limit_is_taken_and_one_byte_more_is_not():
+    request = {"text": "hi"}
+    size = len(canonical_json(request))
+    sub = prepare_submission("acct", "post", "room-1", request, max_payload_bytes=size)
+    assert sub.request_json.encode() == canonical_json(request)
+    assert refusal(prepare_submission, "acct", "post", "room-1", request, max_payload_bytes=size - 1) == (
+        f"request is {size} bytes of canonical JSON; the limit is {size - 1}"
+    )
+
+
+def test_the_default_payload_limit_is_one_mebibyte():
+    text = "x" * ((1 << 20) - len(canonical_json({"text": ""})))
+    assert len(prepare_submission("acct", "post", "room-1", {"text": text}).request_json) == 1 << 20
+    assert refusal(prepare_submission, "acct", "post", "room-1", {"text": text + "x"}) == (
+        f"request is {(1 << 20) + 1} bytes of canonical JSON; the limit is {1 << 20}"
+    )
+
+
+def test_a_submission_carries_the_canonical_request_its_bytes_digest_and_key():
+    request = {"text": "caf\u00e9", "tags": ("a", "b"), "n": 1.0, "z": None}
+    sub = prepare_submission("acct", "post", "room-1", request)
+    raw = canonical_json(request)
+    assert sub.request_json == raw.decode("utf-8")
+    assert sub.request == load_canonical(raw) == {"n": 1, "tags": ["a", "b"], "text": "caf\u00e9", "z": None}
+    assert sub.request_digest == request_digest(sub.request)
+    assert sub.key == delivery_key("acct", "post", "room-1", request)
+    assert (sub.account, sub.action_kind, sub.target) == ("acct", "post", "room-1")
+    assert sub.normalizer_version == NORMALIZER_VERSION
+    assert (sub.max_attempts, sub.max_reconciles) == (DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_RECONCILES) == (3, 3)
+    assert sub.source_id is None and sub.source_version is None
+
+
+def test_the_text_hash_is_of_the_text_field_when_it_is_a_string():
+    sub = prepare_submission("acct", "post", "room-1", {"text": "Hello  world\r\n"})
+    assert sub.text_hash == text_digest("Hello world")
+    assert prepare_submission("acct", "post", "room-1", {"body": "Hello"}).text_hash is None
+    assert prepare_submission("acct", "post", "room-1", {"text": 5}).text_hash is None
+    other = prepare_submission("acct", "post", "room-1", {"body": "Hello", "text": "x"}, text_field="body")
+    assert other.text_hash == text_digest("Hello")
+
+
+def test_a_source_is_checked_and_carried():
+    sub = prepare_submission("acct", "post", "room-1", {"text": "hi"}, source=("s" * 2048, "v" * 128))
+    assert (sub.source_id, sub.source_version) == ("s" * 2048, "v" * 128)
+    assert refusal(prepare_submission, "acct", "post", "room-1", {"text": "hi"}, source=("s" * 2049, "v")) == (
+        "source id is longer than 2048 characters"
+    )
+    assert refusal(prepare_submission, "acct", "post", "room-1", {"text": "hi"}, source=("s", "v" * 129)) == (
+        "source version is longer than 128 characters"
+    )
+    assert refusal(prepare_submission, "acct", "post", "room-1", {"text": "hi"}, source=(" ", "v")) == (
+        "source id must not be empty"
+    )
+    assert refusal(prepare_submission, "acct", "post", "room-1", {"text": "hi"}, source=("s", 3)) == (
+        "source version must be a string, got int"
+    )
+
+
+def test_with_one_normalizer_there_are_no_earlier_keys():
+    assert sorted(identity.NORMALIZERS) == [NORMALIZER_VERSION]
+    assert prepare_submission("acct", "post", "room-1", {"text": "hi"}).earlier_keys == ()
+
+
+def test_each_older_normalizer_gives_an_earlier_key_oldest_first(monkeypatch):
+    monkeypatch.setitem(identity.NORMALIZERS, -1, str.upper)
+    monkeypatch.setitem(identity.NORMALIZERS, 0, str.lower)
+    monkeypatch.setitem(identity.NORMALIZERS, NORMALIZER_VERSION + 1, str.title)  # newer: not an earlier key
+    request = {"text": "Hi There"}
+    sub = prepare_submission("acct", "post", "room-1", request)
+    assert sub.key == delivery_key("acct", "post", "room-1", request)
+    assert sub.earlier_keys == (
+        delivery_key("acct", "post", "room-1", request, version=-1),
+        delivery_key("acct", "post", "room-1", request, version=0),
+    )
+    assert len(set(sub.earlier_keys) | {sub.key}) == 3
+
+
+# -- check_text ------------------------------------------------------------------------------------
+
+
+def test_check_text_returns_the_text_unchanged():
+    assert check_text("reason", "  spaced\ttext  ") == "  spaced\ttext  "
+
+
+@pytest.mark.parametrize(("value", "kind"), [(None, "NoneType"), (b"x", "bytes"), (3, "int")])
+def test_check_text_refuses_a_non_string_with_its_type(value, kind):
+    assert refusal(check_text, "reason", value) == f"reason must be a string, got {kind}"
+
+
+def test_check_text_refuses_blank_text_unless_blank_is_allowed():
+    for blank in ("", " ", "\n\t", "\u3000"):
+        assert refusal(check_text, "reason", blank) == "reason must not be empty"
+        assert check_text("reason", blank, allow_blank=True) == blank
+
+
+def test_check_text_takes_max_text_chars_and_not_one_more():
+    assert MAX_TEXT_CHARS == 4096
+    assert check_text("reason", "x" * 4096) == "x" * 4096
+    assert refusal(check_text, "reason", "x" * 4097) == "reason is longer than 4096 characters"
+    assert check_text("reason", "x" * 10, max_chars=10) == "x" * 10
+    assert refusal(check_text, "reason", "x" * 11, max_chars=10) == "reason is longer than 10 characters"
+
+
+def test_check_text_refuses_nul_and_lone_surrogates_by_name():
+    assert refusal(check_text, "reason", "a\x00b") == "reason contains a NUL byte"
+    assert refusal(check_text, "reason", "a\ud800b") == "reason contains a lone surrogate"
+    assert refusal(check_text, "reason", "\x00", allow_blank=True) == "reason contains a NUL byte"
+    with pytest.raises(IntakeError) as info:
+        check_text("reason", "\udfff")
+    assert isinstance(info.value.__cause__, UnicodeEncodeError)
