@@ -24,7 +24,9 @@ from atmostonce.records import (
     MAX_LEASE_SECONDS,
     MAX_TEXT_CHARS,
     check_json_object,
+    check_limit,
     check_text,
+    person_name,
     prepare_submission,
     validate_lease_seconds,
 )
@@ -385,3 +387,33 @@ def test_check_text_refuses_nul_and_lone_surrogates_by_name():
     with pytest.raises(IntakeError) as info:
         check_text("reason", "\udfff")
     assert isinstance(info.value.__cause__, UnicodeEncodeError)
+
+
+# -- person names and limits -----------------------------------------------------------------------
+
+
+def test_a_person_name_is_kept_as_given_and_a_blank_one_becomes_empty():
+    assert person_name("operator", " alice ") == " alice "
+    for blank in ("", "   ", "\t\n", "\u2003"):
+        assert person_name("operator", blank) == ""
+
+
+def test_a_person_name_takes_256_characters_and_not_257():
+    assert person_name("approver", "a" * 256) == "a" * 256
+    assert refusal(person_name, "approver", "a" * 257) == "approver is longer than 256 characters"
+
+
+def test_a_bad_person_name_is_refused_by_what_it_names():
+    assert refusal(person_name, "operator", None) == "operator must be a string, got NoneType"
+    assert refusal(person_name, "approver", "al\x00ice") == "approver contains a NUL byte"
+    assert refusal(person_name, "approver", "\ud800") == "approver contains a lone surrogate"
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.0, "5", None])
+def test_a_limit_must_be_a_plain_integer(bad):
+    assert refusal(check_limit, bad) == f"limit must be a non-negative integer, got {bad!r}"
+
+
+def test_a_positive_limit_is_returned_as_is():
+    assert check_limit(1) == 1
+    assert check_limit(10**6) == 10**6
