@@ -174,7 +174,9 @@ def test_names_of_1024_characters_are_taken_and_1025_are_refused(name):
 
 def test_a_submission_needs_no_approval_unless_asked():
     assert prepare_submission("acct", "post", "room-1", {"text": "hi"}).requires_approval is False
-    assert prepare_submission("acct", "post", "room-1", {"text": "hi"}, requires_approval=True).requires_approval is True
+    assert (
+        prepare_submission("acct", "post", "room-1", {"text": "hi"}, requires_approval=True).requires_approval is True
+    )
 
 
 @pytest.mark.parametrize("flag", [1, 0, "yes", None])
