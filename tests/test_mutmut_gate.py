@@ -128,6 +128,7 @@ def test_the_report_lists_every_survivor_with_its_reason(tmp_path):
     text = render(res, {})
     assert f"`{SURVIVED}` | survived | **UNEXPLAINED**" in text
     assert "| `atmostonce.identity` | 2 | 2 | 1 | 0 | 1 | 0 | 0 | 50.0% |" in text
+    assert "Score on `reference/` alone (the `atmostonce` modules): 1 of 2 checked mutants detected, 50.0%." in text
     text = render(res, {SURVIVED: "same bytes either way"})
     assert "same bytes either way" in text and "**UNEXPLAINED**" not in text
 
