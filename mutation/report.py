@@ -78,7 +78,7 @@ def render() -> str:
                 verdict = f"**survived** ({r.get('note') or r.get('by') or 'no failing test'})"
             lines.append(f"* removed from {layer}: {verdict}")
             both = f"{layer}:guard-and-backstop:{g.name}"
-            if both in by_mutant or (layer != "model" and g.name in BACKSTOPS and layer in BACKSTOPS[g.name]):
+            if layer in BACKSTOPS.get(g.name, {}):
                 lines.append(
                     f"* removed from {layer} together with the database object that backs it "
                     f"(`{BACKSTOPS[g.name][layer]}`): {_verdict(by_mutant, equivalent, both)}"

@@ -8,6 +8,8 @@ database.
 
 from __future__ import annotations
 
+import locale
+
 import pytest
 
 from atmostonce import MemoryStore
@@ -84,3 +86,18 @@ def any_store(request):
 def sql_store(request):
     """Both SQL dialects."""
     return request.getfixturevalue("sqlite_store" if request.param == "sqlite" else "pg_store")
+
+
+@pytest.fixture
+def ascii_locale():
+    """An ASCII (C) character locale for the test, as a process started under ``LANG=C`` without UTF-8
+    mode has; restored afterwards. Files read or written without an explicit encoding then use ASCII,
+    so a missing ``"utf-8"`` shows as a UnicodeError. Under Python's UTF-8 mode (``PYTHONUTF8=1``, or a
+    process started in the C locale) the default stays UTF-8 whatever this sets, and the tests that use
+    it only check the result, not the encoding; the mutmut runs are made without UTF-8 mode."""
+    old = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        yield locale.getpreferredencoding(False)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, old)

@@ -1,7 +1,6 @@
 """The docgen command line in detail: arguments, --write and --check, exit codes, messages, encodings,
 and the exactly-once lint's sentence splitting and report text."""
 
-import locale
 import re
 from pathlib import Path
 
@@ -13,17 +12,6 @@ from atmostonce.docgen import GENERATED, lint_claims, main, render_state_machine
 # A page and a doc with text outside ASCII: the spec's meanings are free text and may gain such characters.
 _NON_ASCII_PAGE = "# Zustände — état «parked»\n"
 _NON_ASCII_DOC = "Café notes — exactly-once delivery is not something a lease can promise.\n"
-
-
-@pytest.fixture
-def ascii_locale():
-    """Run with an ASCII (C) character locale, as `make docs` would under LANG=C; restored afterwards."""
-    old = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        yield
-    finally:
-        locale.setlocale(locale.LC_CTYPE, old)
 
 
 def _repo(tmp_path: Path, page: str | None = None) -> Path:

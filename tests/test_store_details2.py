@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from atmostonce import GuardRefused, IntakeError
+from atmostonce import GuardRefused, IntakeError, UnknownIntent
 from tests.helpers import submit
 
 LEASE_SECONDS_MESSAGE = "{} must be a positive, finite number of seconds up to 31622400"
@@ -56,12 +56,14 @@ def test_begin_names_a_bad_lease_length_and_writes_nothing(any_store):
 def test_begin_leases_for_thirty_seconds_by_default(any_store):
     s = any_store.store
     it = submit(s)
+    before = s.now()  # the store's clock (real on SQL): bounds, not a tolerance
     lease = s.begin(it.key)
-    assert lease.expires_at == pytest.approx(s.now() + 30, abs=0.5)
+    after = s.now()
+    assert before + 30 <= lease.expires_at <= after + 30
     assert s.get(it.key).lease_expires_at == lease.expires_at
-    any_store.advance(29)
+    any_store.advance(20)
     assert s.due_leases() == []
-    any_store.advance(2)
+    any_store.advance(11)
     assert [i.key for i in s.due_leases()] == [it.key]
 
 
@@ -88,9 +90,8 @@ def test_a_move_names_a_bad_key(any_store):
 
 def test_a_key_of_256_characters_passes_intake_and_is_looked_up(any_store):
     s = any_store.store
-    with pytest.raises(Exception) as info:
+    with pytest.raises(UnknownIntent):  # an unknown key, not a malformed one
         s.begin("k" * 256)
-    assert not isinstance(info.value, IntakeError)  # unknown key, not a malformed one
 
 
 def test_a_lease_whose_key_is_too_long_is_refused_by_name(any_store):
@@ -143,25 +144,25 @@ def test_a_lease_field_out_of_range_is_named_and_nothing_moves(any_store, field,
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("field", "value", "guard"),
     [
-        ("attempt_token", "t" * 128),
-        ("generation", 2**63 - 1),
-        ("generation", -(2**63)),
-        ("generation", 127),
-        ("generation", -127),
-        ("epoch", 2**62),
-        ("epoch", -(2**63)),
+        ("attempt_token", "t" * 128, "lease_holder"),
+        ("generation", 2**63 - 1, "lease_holder"),
+        ("generation", -(2**63), "lease_holder"),
+        ("generation", 127, "lease_holder"),
+        ("generation", -127, "lease_holder"),
+        ("epoch", 2**62, "restore_epoch_current"),
+        ("epoch", -(2**63), "restore_epoch_current"),
     ],
 )
-def test_a_stale_lease_within_range_reaches_the_lease_guard(any_store, field, value):
+def test_a_stale_lease_within_range_reaches_the_lease_guard(any_store, field, value, guard):
     s = any_store.store
     it, lease = begun(s)
     before = snapshot(s, it.key)
     stale = dataclasses.replace(lease, **{field: value})
     with pytest.raises(GuardRefused) as info:
         dispatch(s, stale, request_digest=it.request_digest)
-    assert info.value.guard in ("lease_holder", "restore_epoch_current")
+    assert info.value.guard == guard
     assert snapshot(s, it.key) == before
     [recorded] = s.refusals(it.key)
     assert recorded.guard == info.value.guard

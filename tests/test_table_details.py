@@ -81,3 +81,15 @@ def test_parse_table_of_a_file_without_outcomes_gives_an_empty_catalogue():
     schema = json.loads((spec_dir() / "machine.schema.json").read_text("utf-8"))
     m = parse_table(_raw("approval"), schema)
     assert dict(m.outcomes) == {} and m.events
+
+
+def test_a_table_file_with_text_outside_ascii_loads_whatever_the_locale(tmp_path, ascii_locale):
+    # meanings are free text: a table file is read as UTF-8, not in the locale's encoding
+    text = (spec_dir() / "table.toml").read_text("utf-8")
+    marker = 'meaning = "'
+    assert marker in text
+    copy = tmp_path / "table.toml"
+    copy.write_text(text.replace(marker, marker + "Zustände — ", 1), "utf-8")
+    t = load_table(copy)
+    first = next(iter(t.actors.values()))  # the file's first meaning is its first actor's
+    assert first.meaning == "Zustände — " + tomllib.loads(text)["actors"][first.name]["meaning"]
