@@ -59,7 +59,9 @@ def render() -> str:
     for g in t.guards.values():
         used = ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards)
         lines += [
-            f"## `{g.name}`" + (" (policy gate)" if g.policy else ""),
+            f"## `{g.name}`"
+            + (" (policy gate)" if g.policy else "")
+            + (f" (a refusal waits: `{g.refusal_outcome}`)" if g.refusal_outcome else ""),
             "",
             f"{g.meaning}. Source: {g.seed}. Used by: {used}.",
             "",

@@ -20,6 +20,7 @@ from atmostonce.checks import (
     outcomes_map_to_states,
     queue_exits_release_the_claim,
     references_resolve,
+    refusals_that_wait_leave_the_intent_queued,
     uncertain_claim_left_only_on_evidence,
     unknown_never_resent_by_machine,
 )
@@ -263,4 +264,52 @@ def test_a_sending_claim_moved_back_to_reserved_on_an_unsettled_intent_move_is_n
     assert uncertain_claim_left_only_on_evidence(table(), ms | {"claim": claim}) == [
         "claim event mark_uncertain frees a claim that may have sent on read_back_failed, which lands in 'indeterminate'",
         "claim event mark_uncertain frees a claim that may have sent on record_unknown, which lands in 'indeterminate'",
+    ]
+
+
+# ------------------------------------------------------------------------------ refusals that wait
+def with_guard(t, name, **changes):
+    guards = dict(t.guards)
+    guards[name] = dataclasses.replace(guards[name], **changes)
+    return dataclasses.replace(t, guards=MappingProxyType(guards))
+
+
+def test_the_shipped_table_has_one_waiting_refusal():
+    t = table()
+    assert dict(t.waiting_guards) == {"rate_limit_clear": "gate.rate_limited"}
+    assert refusals_that_wait_leave_the_intent_queued(t) == []
+    assert "rate_limit_clear" not in t.policy_guards
+
+
+def test_a_waiting_refusal_must_name_a_declared_outcome():
+    t = with_guard(table(), "rate_limit_clear", refusal_outcome="gate.no_such")
+    assert refusals_that_wait_leave_the_intent_queued(t) == [
+        "guard rate_limit_clear: refusal outcome 'gate.no_such' is not declared"
+    ]
+
+
+def test_a_waiting_refusal_must_leave_the_intent_queued_and_move_nothing():
+    parks = with_guard(table(), "rate_limit_clear", refusal_outcome="gate.blocked")  # moves: block_at_gate
+    message = "guard rate_limit_clear: refusal outcome gate.blocked does not leave the intent queued in 'pending'"
+    assert refusals_that_wait_leave_the_intent_queued(parks) == [message]
+    t = table()
+    outcomes = dict(t.outcomes)
+    # an outcome that moves nothing but names another state than the initial one is no wait either
+    outcomes["gate.rate_limited"] = dataclasses.replace(outcomes["gate.rate_limited"], state="failed")
+    elsewhere = dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
+    assert refusals_that_wait_leave_the_intent_queued(elsewhere) == [
+        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'"
+    ]
+    outcomes["gate.rate_limited"] = dataclasses.replace(t.outcomes["gate.rate_limited"], event="retry")
+    moving = dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
+    assert refusals_that_wait_leave_the_intent_queued(moving) == [
+        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'"
+    ]
+
+
+def test_a_policy_gate_cannot_also_wait():
+    t = with_guard(table(), "kill_switch_off", refusal_outcome="gate.rate_limited")
+    assert t.waiting_guards["kill_switch_off"] == "gate.rate_limited"
+    assert refusals_that_wait_leave_the_intent_queued(t) == [
+        "guard kill_switch_off: a policy gate's refusal parks the intent; it cannot also be a wait"
     ]

@@ -510,6 +510,33 @@ def test_a_lost_rate_window_slot_gives_the_claim_back_and_waits():
     assert base.claim("room-1").state == "free"
 
 
+@pytest.mark.parametrize("waits", ["gate.paused", None])
+def test_which_refusal_at_authorization_is_a_wait_is_read_from_the_table(waits):
+    import dataclasses
+    from types import MappingProxyType
+
+    from atmostonce.table import table
+
+    t = table()
+    guards = dict(t.guards)
+    guards["rate_limit_clear"] = dataclasses.replace(guards["rate_limit_clear"], refusal_outcome=waits)
+    base = MemoryStore(clock=FakeClock(), table=dataclasses.replace(t, guards=MappingProxyType(guards)))
+    it = submit(base)
+
+    def refuse(lease, **kw):
+        raise GuardRefused("authorize_dispatch", it.key, "rate_limit_clear", "pending")
+
+    spy = Spy(base, authorize_dispatch=refuse)
+    if waits is None:  # not a wait and not a policy gate: a refusal the worker cannot explain is raised
+        with pytest.raises(GuardRefused) as e:
+            dispatch_with(spy).dispatch(it.key)
+        assert e.value.guard == "rate_limit_clear"
+    else:
+        assert dispatch_with(spy).dispatch(it.key) == waits
+    assert spy.args("block_at_gate") == []  # never parked
+    assert base.get(it.key).state == "pending"
+
+
 def test_a_claim_owner_refusal_of_a_claim_move_is_a_stale_worker_not_a_refused_claim():
     base, it, spy = claimed("claim_owner", event=next(iter(MemoryStore(clock=FakeClock()).claim_table.events)))
     with pytest.raises(GuardRefused) as e:

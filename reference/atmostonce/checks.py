@@ -138,6 +138,23 @@ def unknown_never_resent_by_machine(t: Table) -> list[str]:
     return out
 
 
+def refusals_that_wait_leave_the_intent_queued(t: Table) -> list[str]:
+    """A guard whose refusal is a wait names an outcome that keeps the intent in the initial state and
+    moves nothing, and is not also a policy gate (whose refusal parks the intent)."""
+    out = []
+    for g in t.guards.values():
+        if g.refusal_outcome is None:
+            continue
+        o = t.outcomes.get(g.refusal_outcome)
+        if o is None:
+            out.append(f"guard {g.name}: refusal outcome {g.refusal_outcome!r} is not declared")
+        elif o.state != t.initial or o.event is not None:
+            out.append(f"guard {g.name}: refusal outcome {o.name} does not leave the intent queued in {t.initial!r}")
+        if g.policy:
+            out.append(f"guard {g.name}: a policy gate's refusal parks the intent; it cannot also be a wait")
+    return out
+
+
 CHECKS: dict[str, Callable[[Table], list[str]]] = {
     f.__name__: f
     for f in (
@@ -149,6 +166,7 @@ CHECKS: dict[str, Callable[[Table], list[str]]] = {
         terminals_have_no_machine_exits,
         only_retry_reenters_initial,
         unknown_never_resent_by_machine,
+        refusals_that_wait_leave_the_intent_queued,
     )
 }
 

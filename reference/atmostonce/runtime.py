@@ -196,9 +196,10 @@ class Dispatcher:
                 # nothing was sent; the intent stays queued (its attempt is settled by the sweeper)
                 self._give_back(claim)
                 return "claim.refused"
-            if exc.guard == "rate_limit_clear":
+            waits = self.store.table.waiting_guards.get(exc.guard)
+            if waits is not None:
                 self._give_back(claim)
-                return "gate.rate_limited"  # lost the window's last slot to another send: nothing sent, the
+                return waits  # e.g. lost the rate window's last slot to another send: nothing sent, the
                 # attempt is left to the sweeper (abandon_attempt) and the intent stays queued
             if not isinstance(exc, GuardRefused) or exc.guard not in self.store.table.policy_guards:
                 self._give_back(claim)

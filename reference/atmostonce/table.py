@@ -71,6 +71,9 @@ class Guard:
     seed: str
     proof_of_absence: bool = False
     policy: bool = False
+    refusal_outcome: str | None = None
+    """An outcome (in ``outcomes``) the runtime reports when this guard refuses ``authorize_dispatch``: a
+    wait (nothing sent, the lease given back, the intent still queued), not a policy block."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,12 @@ class Table:
     def policy_guards(self) -> tuple[str, ...]:
         """Guards whose refusal is a policy block (the worker parks the intent), not a stale worker."""
         return tuple(g.name for g in self.guards.values() if g.policy)
+
+    @property
+    def waiting_guards(self) -> Mapping[str, str]:
+        """Guards whose refusal is a wait, each with the outcome the runtime reports for it
+        (``refusal_outcome``); for example ``{"rate_limit_clear": "gate.rate_limited"}``."""
+        return MappingProxyType({g.name: g.refusal_outcome for g in self.guards.values() if g.refusal_outcome})
 
     @property
     def retryable_states(self) -> tuple[str, ...]:

@@ -230,7 +230,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest, send_lease_seconds=30)
             )
             if m != "ok":  # only a policy gate, or the account's full rate window, may refuse a fresh lease
-                if g == "rate_limit_clear":  # not a policy gate: the intent waits for the next window
+                if g in self.model.table.waiting_guards:  # a wait, not a block: the rate window is full
                     assert self.model.rate_limited(self.model.get(key).account), "refused by a rate window with room"
                 else:
                     assert g in self.model.table.policy_guards, f"a fresh lease was refused by {g}"
