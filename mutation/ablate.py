@@ -50,7 +50,8 @@ SUITES = {
         "postgresql",
         ["tests/test_store_differential.py::test_postgresql_agrees_with_model"],
     ),
-    "runtime": (["tests/test_runtime.py"], "memory", []),
+    # test_runtime_details drives the dispatcher over the model only (its ids carry no store name)
+    "runtime": (["tests/test_runtime.py"], "memory", ["tests/test_runtime_details.py"]),
 }
 # the approval and claim machines (issue 5): their mutants run the tests aimed at those machines
 CLAIM_TARGETED = ["tests/test_claims.py", "tests/test_claims_runtime.py"]
@@ -78,6 +79,8 @@ def mutants() -> list[str]:
         out += [f"{layer}:guard:{g}" for g in t.guards]
         out += [f"{layer}:source:{e.name}/{s}" for e in t.events.values() for s in e.sources]
     out += [f"runtime:outcome:{o}={e}" for o, e in OUTCOME_MUTANTS.items()]
+    # every guard whose refusal the table calls a wait (``refusal_outcome``)
+    out += [f"runtime:refusal:{g}" for g in t.waiting_guards]
     from atmostonce.table import MACHINES, machine
 
     for layer in LAYERS:

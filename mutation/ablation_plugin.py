@@ -13,6 +13,9 @@ LAYER: ``model``, ``sqlite``, ``postgresql`` or ``runtime``. KIND and NAME:
 * ``coupling:<event>``: the intent event no longer moves the claim it couples (its ``couples`` and
   ``couples_required`` are emptied) in that layer;
 * ``outcome:<outcome>=<event>``: the runtime records ``outcome`` with ``event`` instead;
+* ``refusal:<guard>`` (runtime): the table no longer says the guard's refusal is a wait (its
+  ``refusal_outcome`` is dropped from ``Table.waiting_guards``), so the dispatcher treats it as it
+  treats any other refusal it cannot explain;
 * ``guard-and-backstop:<guard>`` (SQL layers): the guard's fragment is left out as for ``guard:``, and
   the database object that enforces the same rule a second time (``BACKSTOPS``) is dropped from the
   database the store opens, so the rule is gone from that layer altogether.
@@ -76,6 +79,18 @@ def pytest_configure(config: pytest.Config) -> None:
     layer, kind, name = spec.split(":", 2)
     mp = pytest.MonkeyPatch()
     config.add_cleanup(mp.undo)
+
+    if kind == "refusal":
+        from atmostonce.table import Table
+
+        waiting = Table.waiting_guards.fget
+
+        mp.setattr(
+            Table,
+            "waiting_guards",
+            property(lambda t: MappingProxyType({g: o for g, o in waiting(t).items() if g != name})),
+        )
+        return
 
     if kind == "outcome":
         from atmostonce.runtime import Dispatcher

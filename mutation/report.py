@@ -93,8 +93,8 @@ def render() -> str:
         lines += [
             "## Source states, couplings and outcome mappings",
             "",
-            f"{killed} of {len(others)} ablations of an event's source state or of an intent event's coupling to a claim move (per layer), or of a runtime "
-            "outcome mapping were killed.",
+            f"{killed} of {len(others)} ablations of an event's source state or of an intent event's coupling to a claim move (per layer), of a runtime "
+            "outcome mapping, or of a guard's refusal outcome (a wait) were killed.",
             "",
             "| ablation | killed by |",
             "|---|---|",
