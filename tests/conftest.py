@@ -101,3 +101,23 @@ def ascii_locale():
         yield locale.getpreferredencoding(False)
     finally:
         locale.setlocale(locale.LC_CTYPE, old)
+
+
+@pytest.fixture
+def set_clock_store(any_store):
+    """A store on every implementation whose clock the test sets, and the function that sets it (seconds):
+    the model's injected clock, or for the SQL stores a database clock read from a one-row table, so a test
+    can hit an edge exactly or run wall time backwards without sleeping."""
+    if any_store.kind == "memory":
+        now = [0.0]
+
+        def set_clock(t):
+            now[0] = t
+
+        yield MemoryStore(clock=lambda: now[0]), set_clock
+        return
+    from tests.sql_clock import SetClockStore
+
+    store = SetClockStore(any_store.store.engine)
+    yield store, store.set_clock
+    store.close()

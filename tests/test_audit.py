@@ -13,7 +13,6 @@ import sqlalchemy as sa
 from atmostonce import MemoryStore
 from atmostonce.audit import AuditChain, AuditRow, chain_hash, float_text, verify_chain, verify_store
 from atmostonce_cli.main import main
-from atmostonce_sql import SqlStore
 from tests.helpers import submit, to_state
 
 # ---------------------------------------------------------------- the chain function itself
@@ -43,44 +42,8 @@ def test_float_text_is_the_exact_double():
 # ---------------------------------------------------------------- order is the store's sequence
 
 
-class _ClockTableStore(SqlStore):
-    """Test-only: the database clock reads a one-row table the test sets, so wall times can go backwards."""
-
-    def __init__(self, engine):
-        super().__init__(engine)
-        with engine.begin() as conn:
-            conn.exec_driver_sql("CREATE TABLE aom_test_clock (t double precision NOT NULL)")
-            conn.exec_driver_sql("INSERT INTO aom_test_clock VALUES (0)")
-        self._now = sa.select(sa.column("t", sa.Float(53))).select_from(sa.table("aom_test_clock")).scalar_subquery()
-
-    def set_clock(self, t: float) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE aom_test_clock SET t = :t"), {"t": t})
-
-    def close(self) -> None:  # the fixture owns the engine
-        if isinstance(self._autocommit, sa.engine.Engine) and self._autocommit is not self.engine:
-            self._autocommit.dispose()
-
-
-@pytest.fixture
-def skewed(any_store):
-    """A store whose clock the test sets: the model's injected clock, or the SQL stores' database clock."""
-    if any_store.kind == "memory":
-        now = [0.0]
-        store = MemoryStore(clock=lambda: now[0])
-
-        def set_clock(t):
-            now[0] = t
-
-        yield store, set_clock
-        return
-    store = _ClockTableStore(any_store.store.engine)
-    yield store, store.set_clock
-    store.close()
-
-
-def test_history_is_ordered_by_the_store_sequence_even_when_wall_time_runs_backwards(skewed):
-    store, set_clock = skewed
+def test_history_is_ordered_by_the_store_sequence_even_when_wall_time_runs_backwards(set_clock_store):
+    store, set_clock = set_clock_store
     set_clock(300.0)
     it = submit(store)
     set_clock(200.0)

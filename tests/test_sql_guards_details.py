@@ -2,54 +2,17 @@
 ``rate_limit_clear``, adapters/atmostonce_sql/guards.py), on the model and SQLite (and PostgreSQL).
 
 The window is read by the store's clock: the model's injected clock, or for the SQL stores a database clock
-the test sets (a one-row table, as in tests/test_audit.py), so the edge is hit exactly, without sleeping.
+the test sets (``set_clock_store`` in tests/conftest.py), so the edge is hit exactly, without sleeping.
 """
 
 from __future__ import annotations
 
 import pytest
-import sqlalchemy as sa
 
-from atmostonce import GuardRefused, MemoryStore
-from atmostonce_sql import SqlStore
+from atmostonce import GuardRefused
 
 WINDOW = 60.0
 START = 1_000.0
-
-
-class _SetClockStore(SqlStore):
-    """Test-only: the database clock reads a one-row table the test sets."""
-
-    def __init__(self, engine):
-        super().__init__(engine)
-        with engine.begin() as conn:
-            conn.exec_driver_sql("CREATE TABLE aom_test_clock (t double precision NOT NULL)")
-            conn.exec_driver_sql("INSERT INTO aom_test_clock VALUES (0)")
-        self._now = sa.select(sa.column("t", sa.Float(53))).select_from(sa.table("aom_test_clock")).scalar_subquery()
-
-    def set_clock(self, t: float) -> None:
-        with self.engine.begin() as conn:
-            conn.execute(sa.text("UPDATE aom_test_clock SET t = :t"), {"t": t})
-
-    def close(self) -> None:  # the fixture owns the engine
-        if isinstance(self._autocommit, sa.engine.Engine) and self._autocommit is not self.engine:
-            self._autocommit.dispose()
-
-
-@pytest.fixture
-def clocked(any_store):
-    """A store and a function that sets its clock."""
-    if any_store.kind == "memory":
-        now = [0.0]
-
-        def set_clock(t):
-            now[0] = t
-
-        yield MemoryStore(clock=lambda: now[0]), set_clock
-        return
-    store = _SetClockStore(any_store.store.engine)
-    yield store, store.set_clock
-    store.close()
 
 
 def _send(s, it):
@@ -57,8 +20,8 @@ def _send(s, it):
     return s.authorize_dispatch(lease, request_digest=it.request_digest)
 
 
-def test_a_window_ends_exactly_window_seconds_after_its_first_send(clocked):
-    s, set_clock = clocked
+def test_a_window_ends_exactly_window_seconds_after_its_first_send(set_clock_store):
+    s, set_clock = set_clock_store
     set_clock(START)
     s.set_rate_limit("acct", 2, window_seconds=WINDOW)
     a, b, c, d, e = (s.submit("acct", "post", f"room-{i}", {"text": f"m{i}"}) for i in range(5))
