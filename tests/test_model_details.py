@@ -30,6 +30,14 @@ def authorize(s, it, lease, **kw):
 
 
 # ---------------------------------------------------------------- refusals name what refused
+def second_attempt(s, it, advance):
+    """Begin, let that 30 s lease run out (``advance(31)``), abandon the attempt, begin again: both leases."""
+    first = s.begin(it.key, lease_seconds=30)
+    advance(31)
+    s.abandon_attempt(s.get(it.key))
+    return first, s.begin(it.key, lease_seconds=30)
+
+
 def test_get_of_an_unknown_key_is_refused_by_intent_exists(any_store):
     with pytest.raises(UnknownIntent) as info:
         any_store.store.get(MISSING)
@@ -83,10 +91,7 @@ def test_disabling_one_guard_leaves_the_events_later_guards_in_force(any_store):
 def test_a_stale_lease_is_refused_and_the_refusal_row_says_what_was_presented_and_current(any_store):
     s = any_store.store
     it = submit(s)
-    old = s.begin(it.key, lease_seconds=30)
-    any_store.advance(31)
-    s.abandon_attempt(s.get(it.key))
-    new = s.begin(it.key, lease_seconds=30)
+    old, new = second_attempt(s, it, any_store.advance)
     assert (new.attempt_token, new.generation) != (old.attempt_token, old.generation)
     with pytest.raises(GuardRefused) as info:
         authorize(s, it, old)
@@ -183,10 +188,7 @@ def test_a_restore_closes_an_open_attempt_under_the_restore_fence(any_store):
 def test_an_attempt_record_carries_its_token_number_generation_and_opening_time(any_store):
     s = any_store.store
     it = submit(s)
-    first = s.begin(it.key, lease_seconds=30)
-    any_store.advance(31)
-    s.abandon_attempt(s.get(it.key))
-    second = s.begin(it.key, lease_seconds=30)
+    first, second = second_attempt(s, it, any_store.advance)
     a, b = s.attempts(it.key)
     assert (a.attempt_token, a.key, a.number, a.generation, a.outcomes) == (
         first.attempt_token,
@@ -343,10 +345,7 @@ def test_a_rate_window_that_ends_exactly_now_starts_a_new_window(clocked):
 def test_reset_forgets_everything_and_numbers_from_one_again(clocked):
     s, clock = clocked
     it = submit(s)
-    old = s.begin(it.key, lease_seconds=30)
-    clock.advance(31)
-    s.abandon_attempt(s.get(it.key))
-    s.begin(it.key)
+    old, _ = second_attempt(s, it, clock.advance)
     with pytest.raises(GuardRefused):
         authorize(s, it, old)
     assert s.refusals(it.key)

@@ -299,25 +299,18 @@ def last_detail(s, key):
     return s.history(key)[-1].detail
 
 
-def test_park_records_its_reason_and_defaults_to_operator_stop(any_store):
+@pytest.mark.parametrize(
+    ("move", "state", "default"),
+    [("park", "indeterminate", "operator stop"), ("resolve_not_sent", "parked", "operator: not sent")],
+)
+def test_an_operator_move_records_its_reason_and_its_default(any_store, move, state, default):
     s = any_store.store
-    a, _ = to_state(s, "indeterminate", text="a")
-    b, _ = to_state(s, "indeterminate", text="b")
-    assert refusal(s.park, a.key, operator="al", reason="") == "reason must not be empty"
-    s.park(a.key, operator="al")
-    s.park(b.key, operator="al", reason="wrong room")
-    assert last_detail(s, a.key)["reason"] == "operator stop"
-    assert last_detail(s, b.key)["reason"] == "wrong room"
-
-
-def test_resolve_not_sent_records_its_reason_and_defaults_to_operator_not_sent(any_store):
-    s = any_store.store
-    a, _ = to_state(s, "parked", text="a")
-    b, _ = to_state(s, "parked", text="b")
-    assert refusal(s.resolve_not_sent, a.key, operator="al", reason="") == "reason must not be empty"
-    s.resolve_not_sent(a.key, operator="al")
-    s.resolve_not_sent(b.key, operator="al", reason="checked the room")
-    assert last_detail(s, a.key)["reason"] == "operator: not sent"
+    a, _ = to_state(s, state, text="a")
+    b, _ = to_state(s, state, text="b")
+    assert refusal(getattr(s, move), a.key, operator="al", reason="") == "reason must not be empty"
+    getattr(s, move)(a.key, operator="al")
+    getattr(s, move)(b.key, operator="al", reason="checked the room")
+    assert last_detail(s, a.key)["reason"] == default
     assert last_detail(s, b.key)["reason"] == "checked the room"
 
 
