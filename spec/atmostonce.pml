@@ -5,10 +5,15 @@
  * clock, and the platform behind a transport. Bounds: max_attempts = 2,
  * max_reconciles = 1, operator moves = OPERATOR_MOVES (default 2),
  * request slots = MAX_ATTEMPTS + OPERATOR_MOVES. The platform's lookup by key is fenced or not
- * (chosen once; both are explored).
+ * (chosen once; both are explored). A request the transport reported unknown is in the network
+ * (TRANSIT): it has not reached the platform yet and may arrive at any later moment, also after a
+ * fenced lookup answered; a fenced not-found leaves a tombstone on the key it looked up (resend
+ * epoch, fence epoch), and the platform refuses every create carrying a tombstoned key when it
+ * arrives (docs/design.md, "A fence is a tombstone").
  * Configurations (cpp): -DOTHER_INTENT adds another intent of the same account with the same
  * text (the duplicate-text window); -DRESTORES adds one database backup and one restore;
- * -DCUT_AT_BOUND stops exploring sends beyond the request slots instead of failing.
+ * -DCUT_AT_BOUND stops exploring sends beyond the request slots instead of failing;
+ * -DNO_TOMBSTONE (an ablation) makes the platform fence only what had arrived: no tombstone.
  *
  * Properties (assertions; `spin -DCHECK=n` keeps only Pn, CHECK=0 keeps all):
  * P1_at_most_one_effect:
@@ -27,9 +32,9 @@
  *   current.
  * P3_unknown_never_resent_by_machine:
  *   Once the intent has been in an unknown-outcome state, no machine move brings it back to the
- *   initial or in-flight state unless a fenced lookup of the current resend epoch has found
- *   nothing since (the proof of absence of docs/design.md), or an identified operator moved it
- *   since.
+ *   initial or in-flight state unless a fenced lookup of the current platform key (resend epoch
+ *   and fence epoch) has found nothing since (the proof of absence of docs/design.md), or an
+ *   identified operator moved it since.
  * P4_terminal_left_only_by_operator:
  *   No move out of a terminal state (published, parked) is made by a machine actor, or by an
  *   operator call that does not name a person.
@@ -209,7 +214,7 @@ inline ci_authorize_dispatch() {
        (true) &&
        (true) &&
        (true) &&
-       (c_st == reserved) && ((c_key != 0 && c_key == k)) && ((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) && (c_lease == LIVE) && ((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) && ((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) && ((ap != 0 && a_ver[ap] == tver)) && ap != 0 && (a_st[ap] == approved) ->
+       (c_st == reserved) && ((c_key != 0 && c_key == k)) && ((c_tok != 0 && c_tok == cl_tok && c_ep == cl_ep)) && (c_lease == LIVE) && ((ap != 0 && a_st[ap] == approved && a_dl[ap] == LIVE)) && ((ap != 0 && a_dig[ap] == i_dig[k] && a_dig[ap] == i_dig[k])) && (true) && ((ap != 0 && a_ver[ap] == tver)) && ap != 0 && (a_st[ap] == approved) ->
        t_from = i_st[k];
        /* effect extend_lease */ skip;
        /* effect write_descriptor */ skip;
@@ -517,6 +522,28 @@ inline ci_reconcile_not_found() {
   }
 }
 
+/* reconcile_unproven (reconciler): indeterminate -> indeterminate; intent guards: plan_unchanged, reconcile_budget_left
+   couples: - */
+inline ci_reconcile_unproven() {
+  d_step {
+    
+    if
+    :: (i_st[k] == indeterminate) &&
+       (true) &&
+       (true) ->
+       t_from = i_st[k];
+       /* effect count_reconcile */ skip;
+       /* effect bump_fence_epoch */ skip;
+       i_st[k] = indeterminate;
+       assert(!P16_reservation_only_for_a_queued_intent || !(c_st == reserved) || (c_key != 0 && i_st[c_key] == pending));
+       printf("MSC: reconciler: reconcile_unproven intent %d (%e -> indeterminate) claim %e\n", k, t_from, c_st);
+       t_from = 0; t_cfrom = 0; t_clease = 0; t_ctok = 0; t_app = 0; ok = 1
+    :: else -> ok = 0
+    fi;
+    ap = 0
+  }
+}
+
 /* reconcile_absent (reconciler): indeterminate -> failed; intent guards: plan_unchanged, evidence_fenced, no_remote_object, absence_provable
    couples: {'claim': 'settle_by_evidence'} */
 inline ci_reconcile_absent() {
@@ -533,6 +560,7 @@ inline ci_reconcile_absent() {
        t_from = i_st[k];
        /* effect count_reconcile */ skip;
        /* effect release_text_slot */ skip;
+       /* effect bump_fence_epoch */ skip;
        i_st[k] = failed;
        if
        :: t_app ->
@@ -820,11 +848,11 @@ inline cc_release() {
   }
 }
 
-/* approval approve (approver): (creates) -> approved; guards: approver_identified */
+/* approval approve (approver): (creates) -> approved; guards: approver_identified, intent_awaiting_approval, approval_covers_intent_bytes */
 inline ca_approve() {
   d_step {
     if
-    :: na < NA && (op_named) ->
+    :: na < NA && (op_named) && (i_st[k] == pending) && (true) ->
        t_afrom = 0;
        /* effect record_approval */ na++; ap = na; a_key[ap] = k; a_dig[ap] = i_dig[k]; a_ver[ap] = tver; a_dl[ap] = LIVE; a_named[ap] = op_named;
        a_st[ap] = approved;
@@ -850,11 +878,11 @@ inline ca_expire_approval() {
   }
 }
 
-/* approval withdraw_approval (operator): approved -> withdrawn; guards: withdrawer_identified */
+/* approval withdraw_approval (operator): approved -> withdrawn; guards: withdrawer_identified, withdrawal_attributable */
 inline ca_withdraw_approval() {
   d_step {
     if
-    :: ap != 0 && (a_st[ap] == approved) && (op_named) ->
+    :: ap != 0 && (a_st[ap] == approved) && (op_named) && (true) ->
        t_afrom = a_st[ap];
        a_st[ap] = withdrawn;
        assert(!P14_approvals_end_truthfully || t_afrom != approved || a_dl[ap] == EXPIRED || op_named);
@@ -918,6 +946,7 @@ end:
   do
   :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_found(); k = 0; ok = 0 }
   :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_not_found(); k = 0; ok = 0 }
+  :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_unproven(); k = 0; ok = 0 }
   :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_reconcile_absent(); k = 0; ok = 0 }
   :: atomic { true -> if :: k = 1 :: k = 2 fi; ci_park_unreconcilable(); k = 0; ok = 0 }
   od
@@ -1054,6 +1083,7 @@ byte max_attempts;
 byte rc; /* reconcile_count */
 byte max_rc; /* max_reconciles */
 byte epoch; /* resend_epoch */
+byte fepoch; /* fence_epoch: with the resend epoch, the platform idempotency key */
 byte rid; /* remote_id: 0 = none, else the request slot that created the object */
 bit txt_ours; /* this intent holds the account's text slot */
 byte holder; /* ghost: the worker that opened the current attempt */
@@ -1069,8 +1099,12 @@ bit restore_unfenced;      /* a restore happened and the operator has not declar
 byte txt_other;            /* the other intent: 0 nothing, 1 holds the text slot, 2 its effect landed */
 
 /* ---- the platform: one slot per send */
-byte req_st[5];    /* 0 unsent / TRANSIT / LANDED / DEAD */
+byte req_st[5];    /* 0 unsent / TRANSIT (in the network) / LANDED / DEAD */
 byte req_ep[5];    /* the resend epoch the request carried */
+byte req_fe[5];    /* the fence epoch the request carried */
+bit tomb[15];      /* the platform's tombstones, by key (resend epoch, fence epoch) */
+#define KEY(ep, fe) ((ep) * 5 + (fe))
+#define TOMBED(i) (tomb[KEY(req_ep[i], req_fe[i])])
 bit req_ex[5];     /* excused by an identified operator's move (P1, P8) */
 byte nreq;
 bit FENCED;                /* the platform's lookup by key is fenced */
@@ -1101,7 +1135,7 @@ inline land(i) {
 }
 
 inline worker_reset() {
-  my_gen = 0; my_tok = 0; my_rep = 0; my_ep = 0; my_rid = 0; pol = POL_OK; authed = 0; out = SEND_NONE;
+  my_gen = 0; my_tok = 0; my_rep = 0; my_ep = 0; my_fe = 0; my_rid = 0; pol = POL_OK; authed = 0; out = SEND_NONE;
   ingap[w] = 0; grant_live[w] = 0
 }
 
@@ -1110,7 +1144,7 @@ inline sweeper_reset() {
 }
 
 inline plan_reset() {
-  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rep = 0; pl_rid = 0; pl_ep = 0; r_ev = 0; r_rid = 0
+  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rep = 0; pl_rid = 0; pl_ep = 0; pl_fe = 0; r_ev = 0; r_rid = 0
 }
 
 /* ================================================================ events (one per table row) */
@@ -1134,7 +1168,7 @@ inline ev_begin() {
        assert(!P6_one_live_lease || w == 0 || !wl[0]); assert(!P6_one_live_lease || w == 1 || !wl[1]);
        holder = w; wl[w] = 1;
        state = pending;
-       my_gen = gen; my_tok = row_tok; my_rep = row_rep; my_ep = epoch;
+       my_gen = gen; my_tok = row_tok; my_rep = row_rep; my_ep = epoch; my_fe = fepoch;
        printf("MSC: worker %d: begin (%e -> pending)\n", w, t_from);
        t_from = 0; t_lease = 0; ok = 1
     :: else -> ok = 0
@@ -1310,7 +1344,7 @@ inline ev_record_not_sent() {
        /* effect release_text_slot */
        txt_ours = 0;
        state = failed;
-       assert(!P8_records_tell_the_truth || !((req_ep[1] == epoch && !req_ex[1] && (req_st[1] == LANDED || req_st[1] == TRANSIT)) || (req_ep[2] == epoch && !req_ex[2] && (req_st[2] == LANDED || req_st[2] == TRANSIT)) || (req_ep[3] == epoch && !req_ex[3] && (req_st[3] == LANDED || req_st[3] == TRANSIT)) || (req_ep[4] == epoch && !req_ex[4] && (req_st[4] == LANDED || req_st[4] == TRANSIT))));
+       assert(!P8_records_tell_the_truth || !((req_ep[1] == epoch && !req_ex[1] && (req_st[1] == LANDED || (req_st[1] == TRANSIT && !TOMBED(1)))) || (req_ep[2] == epoch && !req_ex[2] && (req_st[2] == LANDED || (req_st[2] == TRANSIT && !TOMBED(2)))) || (req_ep[3] == epoch && !req_ex[3] && (req_st[3] == LANDED || (req_st[3] == TRANSIT && !TOMBED(3)))) || (req_ep[4] == epoch && !req_ex[4] && (req_st[4] == LANDED || (req_st[4] == TRANSIT && !TOMBED(4))))));
        worker_reset();
        printf("MSC: worker %d: record_not_sent (%e -> failed)\n", w, t_from);
        t_from = 0; t_lease = 0; ok = 1
@@ -1448,9 +1482,35 @@ inline ev_reconcile_not_found() {
   }
 }
 
+/* reconcile_unproven (reconciler): indeterminate -> indeterminate
+   guards: plan_unchanged, reconcile_budget_left
+   effects: count_reconcile, bump_fence_epoch
+   source: 004 M4 (a fenced lookup tombstones the key even when its answer proves nothing) */
+inline ev_reconcile_unproven() {
+  d_step {
+    if
+    :: (state == indeterminate) &&
+       ((gen == pl_gen && rc == pl_rc && pl_rep == repoch)) &&
+       (rc < max_rc) ->
+       t_from = state; t_lease = lease;
+       assert(!P5_stale_generation_never_writes || pl_gen == gen);
+       /* effect count_reconcile */
+       rc++;
+       /* effect bump_fence_epoch */
+       fepoch++;
+       state = indeterminate;
+       tainted = 1; proof = 0;
+       g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES);
+       printf("MSC: reconciler: reconcile_unproven (%e -> indeterminate)\n", t_from);
+       t_from = 0; t_lease = 0; ok = 1
+    :: else -> ok = 0
+    fi
+  }
+}
+
 /* reconcile_absent (reconciler): indeterminate -> failed
    guards: plan_unchanged, evidence_fenced, no_remote_object, absence_provable
-   effects: count_reconcile, release_text_slot
+   effects: count_reconcile, release_text_slot, bump_fence_epoch
    source: 004 M4 (idempotency-status lookup resolves both ways), 002 */
 inline ev_reconcile_absent() {
   d_step {
@@ -1466,8 +1526,10 @@ inline ev_reconcile_absent() {
        rc++;
        /* effect release_text_slot */
        txt_ours = 0;
+       /* effect bump_fence_epoch */
+       fepoch++;
        state = failed;
-       assert(!P8_records_tell_the_truth || !((req_ep[1] == epoch && !req_ex[1] && (req_st[1] == LANDED || req_st[1] == TRANSIT)) || (req_ep[2] == epoch && !req_ex[2] && (req_st[2] == LANDED || req_st[2] == TRANSIT)) || (req_ep[3] == epoch && !req_ex[3] && (req_st[3] == LANDED || req_st[3] == TRANSIT)) || (req_ep[4] == epoch && !req_ex[4] && (req_st[4] == LANDED || req_st[4] == TRANSIT))));
+       assert(!P8_records_tell_the_truth || !((req_ep[1] == epoch && !req_ex[1] && (req_st[1] == LANDED || (req_st[1] == TRANSIT && !TOMBED(1)))) || (req_ep[2] == epoch && !req_ex[2] && (req_st[2] == LANDED || (req_st[2] == TRANSIT && !TOMBED(2)))) || (req_ep[3] == epoch && !req_ex[3] && (req_st[3] == LANDED || (req_st[3] == TRANSIT && !TOMBED(3)))) || (req_ep[4] == epoch && !req_ex[4] && (req_st[4] == LANDED || (req_st[4] == TRANSIT && !TOMBED(4))))));
        printf("MSC: reconciler: reconcile_absent (%e -> failed)\n", t_from);
        t_from = 0; t_lease = 0; ok = 1
     :: else -> ok = 0
@@ -1681,10 +1743,10 @@ inline transport_send() {
   :: nreq < SLOTS -> nreq++
   :: else -> assert(BOUND_request_slots_too_small)
   fi;
-  req_ep[nreq] = my_ep; req_ex[nreq] = 0;
+  req_ep[nreq] = my_ep; req_fe[nreq] = my_fe; req_ex[nreq] = 0;
   authed = 0; ingap[w] = 0;
   if
-  :: out = SEND_OK; my_rid = nreq; printf("MSC: worker %d: send request %d: success\n", w, nreq); land(nreq)
+  :: !TOMBED(nreq) -> out = SEND_OK; my_rid = nreq; printf("MSC: worker %d: send request %d: success\n", w, nreq); land(nreq)
   :: out = SEND_NOT_SENT; req_st[nreq] = DEAD; printf("MSC: worker %d: send request %d: not sent\n", w, nreq)
   :: out = SEND_UNKNOWN; req_st[nreq] = TRANSIT; printf("MSC: worker %d: send request %d: unknown\n", w, nreq)
   fi
@@ -1696,7 +1758,7 @@ byte BOUND_request_slots_too_small = 0;
 /* A dispatch worker: calls its table events in any order its evidence allows, with the lease it
  * holds (possibly stale), and may stop at every step boundary; it comes back with no memory. */
 proctype worker(byte w) {
-  byte my_gen, my_tok, my_rep, my_ep, my_rid, out, pol;
+  byte my_gen, my_tok, my_rep, my_ep, my_fe, my_rid, out, pol;
   bit authed, ok;
 end:
   do
@@ -1734,39 +1796,39 @@ end:
  * resend epoch), makes at most one lookup, then records what it found; its plan may be stale by
  * then. It claims `fenced` whenever the platform's lookup is fenced, whichever lookup it made. */
 proctype reconciler() {
-  byte pl_gen, pl_rc, pl_rep, pl_rid, pl_ep, r_ev, r_rid;
+  byte pl_gen, pl_rc, pl_rep, pl_rid, pl_ep, pl_fe, r_ev, r_rid;
   bit pl_have, ok;
 end:
   do
-  :: atomic { !pl_have && state == indeterminate -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rep = repoch; pl_rid = rid; pl_ep = epoch }
+  :: atomic { !pl_have && state == indeterminate -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rep = repoch; pl_rid = rid; pl_ep = epoch; pl_fe = fepoch }
   /* read back by remote id: never fenced; a landed object may not be visible yet */
   :: atomic { pl_have && r_ev == 0 && pl_rid != 0 ->
        if
        :: req_st[pl_rid] == LANDED -> r_ev = FOUND; r_rid = pl_rid; printf("MSC: reconciler: read back: found\n")
        :: r_ev = NOT_FOUND; printf("MSC: reconciler: read back: not found\n")
        fi }
-  /* lookup by delivery key and resend epoch */
+  /* lookup by the platform key: delivery key, resend epoch, fence epoch */
   :: atomic { pl_have && r_ev == 0 ->
-       if :: r_rid == 0 && req_ep[1] == pl_ep && req_st[1] == LANDED -> r_rid = 1 :: else -> skip fi;
-       if :: r_rid == 0 && req_ep[2] == pl_ep && req_st[2] == LANDED -> r_rid = 2 :: else -> skip fi;
-       if :: r_rid == 0 && req_ep[3] == pl_ep && req_st[3] == LANDED -> r_rid = 3 :: else -> skip fi;
-       if :: r_rid == 0 && req_ep[4] == pl_ep && req_st[4] == LANDED -> r_rid = 4 :: else -> skip fi;
+       if :: r_rid == 0 && req_ep[1] == pl_ep && req_fe[1] == pl_fe && req_st[1] == LANDED -> r_rid = 1 :: else -> skip fi;
+       if :: r_rid == 0 && req_ep[2] == pl_ep && req_fe[2] == pl_fe && req_st[2] == LANDED -> r_rid = 2 :: else -> skip fi;
+       if :: r_rid == 0 && req_ep[3] == pl_ep && req_fe[3] == pl_fe && req_st[3] == LANDED -> r_rid = 3 :: else -> skip fi;
+       if :: r_rid == 0 && req_ep[4] == pl_ep && req_fe[4] == pl_fe && req_st[4] == LANDED -> r_rid = 4 :: else -> skip fi;
        if
        :: FENCED && r_rid != 0 -> r_ev = FOUND; printf("MSC: reconciler: fenced lookup: found\n")
        :: FENCED && r_rid == 0 ->
-            r_ev = NOT_FOUND;   /* a fence: no request sent before this answer can land any more */
+            r_ev = NOT_FOUND;   /* a fence: no request with this key can land any more */
             printf("MSC: reconciler: fenced lookup: not found\n");
-            if :: req_ep[1] == pl_ep && req_st[1] == TRANSIT -> req_st[1] = DEAD :: else -> skip fi;
-            if :: req_ep[2] == pl_ep && req_st[2] == TRANSIT -> req_st[2] = DEAD :: else -> skip fi;
-            if :: req_ep[3] == pl_ep && req_st[3] == TRANSIT -> req_st[3] = DEAD :: else -> skip fi;
-            if :: req_ep[4] == pl_ep && req_st[4] == TRANSIT -> req_st[4] = DEAD :: else -> skip fi;
-            if :: tainted && pl_ep == epoch -> proof = 1 :: else -> skip fi
+#ifndef NO_TOMBSTONE
+            tomb[KEY(pl_ep, pl_fe)] = 1;   /* the tombstone: no create with this key lands any more */
+#endif
+            if :: tainted && pl_ep == epoch && pl_fe == fepoch -> proof = 1 :: else -> skip fi
        :: !FENCED && r_rid != 0 -> r_ev = FOUND; printf("MSC: reconciler: lookup: found\n")
        :: !FENCED -> r_ev = NOT_FOUND; r_rid = 0;   /* unfenced: read lag may hide an object */
             printf("MSC: reconciler: lookup: not found\n")
        fi }
   :: atomic { pl_have && r_ev == FOUND -> ev_reconcile_found(); plan_reset(); ok = 0 }
-  :: atomic { pl_have && r_ev == NOT_FOUND -> ev_reconcile_not_found(); plan_reset(); ok = 0 }
+  :: atomic { pl_have && ((r_ev == NOT_FOUND) || (r_ev == FOUND)) -> ev_reconcile_not_found(); plan_reset(); ok = 0 }
+  :: atomic { pl_have && r_ev == NOT_FOUND -> ev_reconcile_unproven(); plan_reset(); ok = 0 }
   :: atomic { pl_have && r_ev == NOT_FOUND -> ev_reconcile_absent(); plan_reset(); ok = 0 }
   :: atomic { pl_have && pl_have -> ev_park_unreconcilable(); plan_reset(); ok = 0 }
   :: atomic { pl_have -> plan_reset() }   /* gives up or crashes */
@@ -1807,10 +1869,14 @@ end:
 proctype platform() {
 end:
   do
-  :: d_step { req_st[1] == TRANSIT -> land(1) }
-  :: d_step { req_st[2] == TRANSIT -> land(2) }
-  :: d_step { req_st[3] == TRANSIT -> land(3) }
-  :: d_step { req_st[4] == TRANSIT -> land(4) }
+  :: d_step { req_st[1] == TRANSIT && !TOMBED(1) -> land(1) }
+  :: d_step { req_st[1] == TRANSIT && TOMBED(1) -> req_st[1] = DEAD; printf("MSC: platform: request 1 arrives: refused by the tombstone\n") }
+  :: d_step { req_st[2] == TRANSIT && !TOMBED(2) -> land(2) }
+  :: d_step { req_st[2] == TRANSIT && TOMBED(2) -> req_st[2] = DEAD; printf("MSC: platform: request 2 arrives: refused by the tombstone\n") }
+  :: d_step { req_st[3] == TRANSIT && !TOMBED(3) -> land(3) }
+  :: d_step { req_st[3] == TRANSIT && TOMBED(3) -> req_st[3] = DEAD; printf("MSC: platform: request 3 arrives: refused by the tombstone\n") }
+  :: d_step { req_st[4] == TRANSIT && !TOMBED(4) -> land(4) }
+  :: d_step { req_st[4] == TRANSIT && TOMBED(4) -> req_st[4] = DEAD; printf("MSC: platform: request 4 arrives: refused by the tombstone\n") }
   od
 }
 
@@ -1833,15 +1899,15 @@ end_done:
  * database) advances; every lease is void. Until the operator declares the restore fence, no worker
  * starts a new attempt; stragglers that were running before the restore may still act. */
 proctype dba() {
-  mtype:state b_state; bit b_att_open; byte b_row_tok; byte b_gen; byte b_gen_seq; byte b_row_rep; byte b_lease; byte b_attempt_count; byte b_max_attempts; byte b_rc; byte b_max_rc; byte b_epoch; byte b_rid; bit b_txt_ours; byte b_holder; byte b_g_begins; byte b_g_cap; byte b_g_inconclusive;
-  atomic { b_state = state; b_att_open = att_open; b_row_tok = row_tok; b_gen = gen; b_gen_seq = gen_seq; b_row_rep = row_rep; b_lease = lease; b_attempt_count = attempt_count; b_max_attempts = max_attempts; b_rc = rc; b_max_rc = max_rc; b_epoch = epoch; b_rid = rid; b_txt_ours = txt_ours; b_holder = holder; b_g_begins = g_begins; b_g_cap = g_cap; b_g_inconclusive = g_inconclusive; printf("MSC: database: backup taken\n") };
+  mtype:state b_state; bit b_att_open; byte b_row_tok; byte b_gen; byte b_gen_seq; byte b_row_rep; byte b_lease; byte b_attempt_count; byte b_max_attempts; byte b_rc; byte b_max_rc; byte b_epoch; byte b_fepoch; byte b_rid; bit b_txt_ours; byte b_holder; byte b_g_begins; byte b_g_cap; byte b_g_inconclusive;
+  atomic { b_state = state; b_att_open = att_open; b_row_tok = row_tok; b_gen = gen; b_gen_seq = gen_seq; b_row_rep = row_rep; b_lease = lease; b_attempt_count = attempt_count; b_max_attempts = max_attempts; b_rc = rc; b_max_rc = max_rc; b_epoch = epoch; b_fepoch = fepoch; b_rid = rid; b_txt_ours = txt_ours; b_holder = holder; b_g_begins = g_begins; b_g_cap = g_cap; b_g_inconclusive = g_inconclusive; printf("MSC: database: backup taken\n") };
 end_restore:
   atomic {
 #ifndef RESTORE_ANYTIME
     !ANY_IN_GAP ->   /* opened only once every send lease issued before the restore has run out */
 #endif
-    state = b_state; att_open = b_att_open; row_tok = b_row_tok; gen = b_gen; gen_seq = b_gen_seq; row_rep = b_row_rep; lease = b_lease; attempt_count = b_attempt_count; max_attempts = b_max_attempts; rc = b_rc; max_rc = b_max_rc; epoch = b_epoch; rid = b_rid; txt_ours = b_txt_ours; holder = b_holder; g_begins = b_g_begins; g_cap = b_g_cap; g_inconclusive = b_g_inconclusive;
-    b_state = 0; b_att_open = 0; b_row_tok = 0; b_gen = 0; b_gen_seq = 0; b_row_rep = 0; b_lease = 0; b_attempt_count = 0; b_max_attempts = 0; b_rc = 0; b_max_rc = 0; b_epoch = 0; b_rid = 0; b_txt_ours = 0; b_holder = 0; b_g_begins = 0; b_g_cap = 0; b_g_inconclusive = 0;
+    state = b_state; att_open = b_att_open; row_tok = b_row_tok; gen = b_gen; gen_seq = b_gen_seq; row_rep = b_row_rep; lease = b_lease; attempt_count = b_attempt_count; max_attempts = b_max_attempts; rc = b_rc; max_rc = b_max_rc; epoch = b_epoch; fepoch = b_fepoch; rid = b_rid; txt_ours = b_txt_ours; holder = b_holder; g_begins = b_g_begins; g_cap = b_g_cap; g_inconclusive = b_g_inconclusive;
+    b_state = 0; b_att_open = 0; b_row_tok = 0; b_gen = 0; b_gen_seq = 0; b_row_rep = 0; b_lease = 0; b_attempt_count = 0; b_max_attempts = 0; b_rc = 0; b_max_rc = 0; b_epoch = 0; b_fepoch = 0; b_rid = 0; b_txt_ours = 0; b_holder = 0; b_g_begins = 0; b_g_cap = 0; b_g_inconclusive = 0;
     repoch++; restored = 1; printf("MSC: database: restored from the backup\n");
     restore_unfenced = (state == pending || state == authorized || state == failed);
     for (t_i : 0 .. NOBODY) { wl[t_i] = 0 }; t_i = 0;
@@ -1853,7 +1919,7 @@ end_restore:
 init {
   atomic {
     /* submit (client): effects create */
-    state = pending; attempt_count = 0; max_attempts = MAX_ATTEMPTS; att_open = 0; gen = 0; row_tok = 0; row_rep = 0; lease = NONE; rid = 0; rc = 0; max_rc = MAX_RECONCILES; epoch = 0; g_cap = MAX_ATTEMPTS;
+    state = pending; attempt_count = 0; max_attempts = MAX_ATTEMPTS; att_open = 0; gen = 0; row_tok = 0; row_rep = 0; lease = NONE; rid = 0; rc = 0; max_rc = MAX_RECONCILES; epoch = 0; fepoch = 0; g_cap = MAX_ATTEMPTS;
     holder = NOBODY;
     if :: FENCED = 1 :: FENCED = 0 fi;
     run worker(0); run worker(1); run sweeper(); run reconciler(); run operator(); run clock(); run platform();

@@ -118,8 +118,8 @@ _INTENT_PROPERTIES: Mapping[str, str] = MappingProxyType(
         ),
         "P3_unknown_never_resent_by_machine": (
             "Once the intent has been in an unknown-outcome state, no machine move brings it back "
-            "to the initial or in-flight state unless a fenced lookup of the current resend epoch "
-            "has found nothing since (the proof of absence of docs/design.md), or an identified "
+            "to the initial or in-flight state unless a fenced lookup of the current platform key "
+            "(resend epoch and fence epoch) has found nothing since (the proof of absence of docs/design.md), or an identified "
             "operator moved it since."
         ),
         "P4_terminal_left_only_by_operator": (
@@ -194,7 +194,7 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
         "create": """
             state = {initial}; attempt_count = 0; max_attempts = MAX_ATTEMPTS; att_open = 0;
             gen = 0; row_tok = 0; row_rep = 0; lease = NONE; rid = 0; rc = 0; max_rc = MAX_RECONCILES;
-            epoch = 0; g_cap = MAX_ATTEMPTS""",
+            epoch = 0; fepoch = 0; g_cap = MAX_ATTEMPTS""",
         "open_attempt": """
             attempt_count++; gen_seq++; gen = gen_seq; tok_seq++; row_tok = tok_seq; row_rep = repoch;
             att_open = 1; lease = LIVE; rid = 0;
@@ -228,6 +228,8 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
             att_open = 0; lease = NONE; restore_unfenced = 0""",
         "count_reconcile": "rc++",
         "bump_resend_epoch": "epoch++; rid = 0",
+        # the fenced lookup tombstoned the key of (epoch, fepoch): the retry goes out under the next one
+        "bump_fence_epoch": "fepoch++",
         "grant_attempt": """
             if
             :: max_attempts < attempt_count + 1 -> max_attempts = attempt_count + 1
@@ -251,11 +253,15 @@ OUTCOME_EVIDENCE: Mapping[str, str] = MappingProxyType(
         "read_back.match": "out == SEND_OK",
         "read_back.not_found": "out == SEND_OK",
         "read_back.differs": "out == SEND_OK",
+        # a transport without read-back records the success as unknown
+        "read_back.unavailable": "out == SEND_OK",
         # the sweeper believes the lease expired (its listing may be stale: the store's clock decides)
         "crash.before_authorize": "sw_have",
         "crash.after_authorize": "sw_have",
         "lookup.found": "r_ev == FOUND",
         "lookup.not_found": "r_ev == NOT_FOUND",
+        # an object found that does not hold what was approved: recorded like a lookup that found nothing
+        "lookup.differs": "r_ev == FOUND",
         "lookup.not_found_before_restore": "r_ev == NOT_FOUND",
         "lookup.not_found_fenced": "r_ev == NOT_FOUND",
         # any lookup may be unavailable, the budget may be spent, the descriptor may have drifted
@@ -291,6 +297,7 @@ OUTCOME_CHECKS: Mapping[str, str] = MappingProxyType(
         "lookup.not_found_before_restore": (
             "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)"
         ),
+        "lookup.differs": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)",
         "retry.exhausted": "assert(!P7_budgets || g_begins >= g_cap)",
         **{
             o: ""
@@ -301,6 +308,7 @@ OUTCOME_CHECKS: Mapping[str, str] = MappingProxyType(
                 "read_back.match",
                 "read_back.not_found",
                 "read_back.differs",
+                "read_back.unavailable",
                 "crash.before_authorize",
                 "crash.after_authorize",
                 "lookup.found",
@@ -381,6 +389,7 @@ _ROW = (
     ("rc", "byte", "reconcile_count"),
     ("max_rc", "byte", "max_reconciles"),
     ("epoch", "byte", "resend_epoch"),
+    ("fepoch", "byte", "fence_epoch: with the resend epoch, the platform idempotency key"),
     ("rid", "byte", "remote_id: 0 = none, else the request slot that created the object"),
     ("txt_ours", "bit", "this intent holds the account's text slot"),
     ("holder", "byte", "ghost: the worker that opened the current attempt"),
@@ -581,7 +590,7 @@ def _event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: in
         )
     if not human_actor and ev.target == retryable:
         live = " || ".join(
-            f"(req_ep[{i}] == epoch && !req_ex[{i}] && (req_st[{i}] == LANDED || req_st[{i}] == TRANSIT))"
+            f"(req_ep[{i}] == epoch && !req_ex[{i}] && (req_st[{i}] == LANDED || (req_st[{i}] == TRANSIT && !TOMBED({i}))))"
             for i in range(1, slots + 1)
         )
         body.append(f"assert(!P8_records_tell_the_truth || !({live}));")
@@ -589,7 +598,7 @@ def _event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: in
         body.append(chk + ";")
     if ev.actor == "worker":
         if "open_attempt" in ev.effects:
-            body.append("my_gen = gen; my_tok = row_tok; my_rep = row_rep; my_ep = epoch;")
+            body.append("my_gen = gen; my_tok = row_tok; my_rep = row_rep; my_ep = epoch; my_fe = fepoch;")
         if ev.target == in_flight and any(s != in_flight for s in ev.sources):
             body.append("authed = 1; ingap[w] = 1; grant_live[w] = (t_lease == LIVE);")
         if "close_attempt" in ev.effects or "fence_restore" in ev.effects:
@@ -726,13 +735,23 @@ def generate(
     orphans = "\n".join(
         f"  :: d_step {{ wl[{v}] && !(att_open && holder == {v} && lease == LIVE) -> wl[{v}] = 0 }}" for v in range(W)
     )
-    landing = "\n".join(f"  :: d_step {{ req_st[{i}] == TRANSIT -> land({i}) }}" for i in range(1, slots + 1))
-    fenced_kill = "\n".join(
-        f"            if :: req_ep[{i}] == pl_ep && req_st[{i}] == TRANSIT -> req_st[{i}] = DEAD :: else -> skip fi;"
+    # a request in the network arrives at any moment (or never); a tombstoned key is refused on arrival
+    landing = "\n".join(
+        f"  :: d_step {{ req_st[{i}] == TRANSIT && !TOMBED({i}) -> land({i}) }}\n"
+        f"  :: d_step {{ req_st[{i}] == TRANSIT && TOMBED({i}) -> req_st[{i}] = DEAD;"
+        f' printf("MSC: platform: request {i} arrives: refused by the tombstone\\n") }}'
         for i in range(1, slots + 1)
     )
+    fenced_kill = "\n".join(
+        [
+            "#ifndef NO_TOMBSTONE",
+            "            tomb[KEY(pl_ep, pl_fe)] = 1;   /* the tombstone: no create with this key lands any more */",
+            "#endif",
+        ]
+    )
     find_landed = "\n".join(
-        f"       if :: r_rid == 0 && req_ep[{i}] == pl_ep && req_st[{i}] == LANDED -> r_rid = {i} :: else -> skip fi;"
+        f"       if :: r_rid == 0 && req_ep[{i}] == pl_ep && req_fe[{i}] == pl_fe && req_st[{i}] == LANDED -> r_rid = {i}"
+        " :: else -> skip fi;"
         for i in range(1, slots + 1)
     )
     run_workers = "; ".join(f"run worker({v})" for v in range(W))
@@ -749,10 +768,15 @@ def generate(
  * clock, and the platform behind a transport. Bounds: max_attempts = {b.max_attempts},
  * max_reconciles = {b.max_reconciles}, operator moves = OPERATOR_MOVES (default {b.operator_moves}),
  * request slots = MAX_ATTEMPTS + OPERATOR_MOVES. The platform's lookup by key is fenced or not
- * (chosen once; both are explored).
+ * (chosen once; both are explored). A request the transport reported unknown is in the network
+ * (TRANSIT): it has not reached the platform yet and may arrive at any later moment, also after a
+ * fenced lookup answered; a fenced not-found leaves a tombstone on the key it looked up (resend
+ * epoch, fence epoch), and the platform refuses every create carrying a tombstoned key when it
+ * arrives (docs/design.md, "A fence is a tombstone").
  * Configurations (cpp): -DOTHER_INTENT adds another intent of the same account with the same
  * text (the duplicate-text window); -DRESTORES adds one database backup and one restore;
- * -DCUT_AT_BOUND stops exploring sends beyond the request slots instead of failing.
+ * -DCUT_AT_BOUND stops exploring sends beyond the request slots instead of failing;
+ * -DNO_TOMBSTONE (an ablation) makes the platform fence only what had arrived: no tombstone.
  *
  * Properties (assertions; `spin -DCHECK=n` keeps only Pn, CHECK=0 keeps all):
 {prop_doc}
@@ -814,8 +838,12 @@ bit restore_unfenced;      /* a restore happened and the operator has not declar
 byte txt_other;            /* the other intent: 0 nothing, 1 holds the text slot, 2 its effect landed */
 
 /* ---- the platform: one slot per send */
-byte req_st[{slots + 1}];    /* 0 unsent / TRANSIT / LANDED / DEAD */
+byte req_st[{slots + 1}];    /* 0 unsent / TRANSIT (in the network) / LANDED / DEAD */
 byte req_ep[{slots + 1}];    /* the resend epoch the request carried */
+byte req_fe[{slots + 1}];    /* the fence epoch the request carried */
+bit tomb[{(b.operator_moves + 1) * (slots + 1)}];      /* the platform's tombstones, by key (resend epoch, fence epoch) */
+#define KEY(ep, fe) ((ep) * {slots + 1} + (fe))
+#define TOMBED(i) (tomb[KEY(req_ep[i], req_fe[i])])
 bit req_ex[{slots + 1}];     /* excused by an identified operator's move (P1, P8) */
 byte nreq;
 bit FENCED;                /* the platform's lookup by key is fenced */
@@ -846,7 +874,7 @@ inline land(i) {{
 }}
 
 inline worker_reset() {{
-  my_gen = 0; my_tok = 0; my_rep = 0; my_ep = 0; my_rid = 0; pol = POL_OK; authed = 0; out = SEND_NONE;
+  my_gen = 0; my_tok = 0; my_rep = 0; my_ep = 0; my_fe = 0; my_rid = 0; pol = POL_OK; authed = 0; out = SEND_NONE;
   ingap[w] = 0; grant_live[w] = 0
 }}
 
@@ -855,7 +883,7 @@ inline sweeper_reset() {{
 }}
 
 inline plan_reset() {{
-  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rep = 0; pl_rid = 0; pl_ep = 0; r_ev = 0; r_rid = 0
+  pl_have = 0; pl_gen = 0; pl_rc = 0; pl_rep = 0; pl_rid = 0; pl_ep = 0; pl_fe = 0; r_ev = 0; r_rid = 0
 }}
 
 /* ================================================================ events (one per table row) */
@@ -874,10 +902,10 @@ inline transport_send() {{
   :: nreq < SLOTS -> nreq++
   :: else -> assert(BOUND_request_slots_too_small)
   fi;
-  req_ep[nreq] = my_ep; req_ex[nreq] = 0;
+  req_ep[nreq] = my_ep; req_fe[nreq] = my_fe; req_ex[nreq] = 0;
   authed = 0; ingap[w] = 0;
   if
-  :: out = SEND_OK; my_rid = nreq; printf("MSC: worker %d: send request %d: success\\n", w, nreq); land(nreq)
+  :: !TOMBED(nreq) -> out = SEND_OK; my_rid = nreq; printf("MSC: worker %d: send request %d: success\\n", w, nreq); land(nreq)
   :: out = SEND_NOT_SENT; req_st[nreq] = DEAD; printf("MSC: worker %d: send request %d: not sent\\n", w, nreq)
   :: out = SEND_UNKNOWN; req_st[nreq] = TRANSIT; printf("MSC: worker %d: send request %d: unknown\\n", w, nreq)
   fi
@@ -889,7 +917,7 @@ byte BOUND_request_slots_too_small = 0;
 /* A dispatch worker: calls its table events in any order its evidence allows, with the lease it
  * holds (possibly stale), and may stop at every step boundary; it comes back with no memory. */
 proctype worker(byte w) {{
-  byte my_gen, my_tok, my_rep, my_ep, my_rid, out, pol;
+  byte my_gen, my_tok, my_rep, my_ep, my_fe, my_rid, out, pol;
   bit authed, ok;
 end:
   do
@@ -917,27 +945,27 @@ end:
  * resend epoch), makes at most one lookup, then records what it found; its plan may be stale by
  * then. It claims `fenced` whenever the platform's lookup is fenced, whichever lookup it made. */
 proctype reconciler() {{
-  byte pl_gen, pl_rc, pl_rep, pl_rid, pl_ep, r_ev, r_rid;
+  byte pl_gen, pl_rc, pl_rep, pl_rid, pl_ep, pl_fe, r_ev, r_rid;
   bit pl_have, ok;
 end:
   do
-  :: atomic {{ !pl_have && state == {unknown} -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rep = repoch; pl_rid = rid; pl_ep = epoch }}
+  :: atomic {{ !pl_have && state == {unknown} -> pl_have = 1; pl_gen = gen; pl_rc = rc; pl_rep = repoch; pl_rid = rid; pl_ep = epoch; pl_fe = fepoch }}
   /* read back by remote id: never fenced; a landed object may not be visible yet */
   :: atomic {{ pl_have && r_ev == 0 && pl_rid != 0 ->
        if
        :: req_st[pl_rid] == LANDED -> r_ev = FOUND; r_rid = pl_rid; printf("MSC: reconciler: read back: found\\n")
        :: r_ev = NOT_FOUND; printf("MSC: reconciler: read back: not found\\n")
        fi }}
-  /* lookup by delivery key and resend epoch */
+  /* lookup by the platform key: delivery key, resend epoch, fence epoch */
   :: atomic {{ pl_have && r_ev == 0 ->
 {find_landed}
        if
        :: FENCED && r_rid != 0 -> r_ev = FOUND; printf("MSC: reconciler: fenced lookup: found\\n")
        :: FENCED && r_rid == 0 ->
-            r_ev = NOT_FOUND;   /* a fence: no request sent before this answer can land any more */
+            r_ev = NOT_FOUND;   /* a fence: no request with this key can land any more */
             printf("MSC: reconciler: fenced lookup: not found\\n");
 {fenced_kill}
-            if :: tainted && pl_ep == epoch -> proof = 1 :: else -> skip fi
+            if :: tainted && pl_ep == epoch && pl_fe == fepoch -> proof = 1 :: else -> skip fi
        :: !FENCED && r_rid != 0 -> r_ev = FOUND; printf("MSC: reconciler: lookup: found\\n")
        :: !FENCED -> r_ev = NOT_FOUND; r_rid = 0;   /* unfenced: read lag may hide an object */
             printf("MSC: reconciler: lookup: not found\\n")
@@ -1143,6 +1171,7 @@ CLAIMS_INTENT_EFFECTS: Mapping[str, str] = MappingProxyType(
                 "take_rate_slot",
                 "count_reconcile",
                 "bump_resend_epoch",
+                "bump_fence_epoch",
                 "grant_attempt",
             )
         },
@@ -1157,6 +1186,9 @@ CLAIM_GUARDS_PML: Mapping[str, str] = MappingProxyType(
         "intent_queued": "i_st[k] == {intent_initial}",
         "approval_usable": "(ap != 0 && a_st[ap] == {approval_live} && a_dl[ap] == LIVE)",
         "approval_binds_request": "(ap != 0 && a_dig[ap] == {digest} && a_dig[ap] == i_dig[k])",
+        # every approval in the model is made by its authenticated approver: there is no database writer
+        # who forges one, so the signature check holds for each (modelcheck.NOT_CAUGHT says why)
+        "approval_signature_verified": "true",
         "approval_for_intent": "(ap != 0 && a_key[ap] == k)",
         "target_version_current": "(ap != 0 && a_ver[ap] == tver)",
         "claim_owner": "(c_tok != 0 && c_tok == {cl_tok} && c_ep == {cl_ep})",
@@ -1167,6 +1199,11 @@ CLAIM_GUARDS_PML: Mapping[str, str] = MappingProxyType(
         "approver_identified": "{approver}",
         "approval_deadline_passed": "a_dl[ap] == EXPIRED",
         "withdrawer_identified": "{operator}",
+        "intent_awaiting_approval": "i_st[k] == {intent_initial}",
+        # the model's approver always approves the intent's own bytes (record_approval copies its digest),
+        # and its withdrawals give no reason to weigh: both hold for every move (modelcheck.NOT_CAUGHT)
+        "approval_covers_intent_bytes": "true",
+        "withdrawal_attributable": "true",
     }
 )
 CLAIM_EFFECTS_PML: Mapping[str, str] = MappingProxyType(

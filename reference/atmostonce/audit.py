@@ -36,6 +36,8 @@ from .identity import canonical_json
 __all__ = [
     "CHAIN_TAG",
     "HISTORY_FIELDS",
+    "INTENT_BOUND_FIELDS",
+    "INTENT_COUNTERS",
     "RECONCILIATION_RESULTS",
     "AuditChain",
     "AuditReport",
@@ -48,6 +50,7 @@ __all__ = [
     "history_hash",
     "model_detail_text",
     "reconciliation_step",
+    "replay_chain",
     "verify_chain",
     "verify_store",
 ]
@@ -148,6 +151,10 @@ class AuditChain:
     key: str
     rows: tuple[AuditRow, ...]
     recorded_rows: int | None
+    # the intent row's current state, generation and counters (``INTENT_BOUND_FIELDS``), when the
+    # store hands them over: verify replays the chain through the table and compares (docs/design.md,
+    # "The chain replayed through the table")
+    intent: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -157,20 +164,87 @@ class ChainBreak:
     ``seq`` is the first row that does not verify (``None`` when rows are missing after the last
     one); ``reason`` is ``unhashed``, ``content`` (the row differs from what was hashed), ``link``
     (its ``prev_hash`` is not the hash of the row before it: a row was removed, inserted or
-    reordered, or the row before was rewritten together with its hash) or ``count``.
+    reordered, or the row before was rewritten together with its hash), ``count``, ``replay`` (the
+    row is not a move of the table: ``field`` is ``event``, ``from_state`` or ``to_state``),
+    ``intent`` (the intent row disagrees with what the chain derives: ``field`` names the column)
+    or ``missing_intent`` (history rows whose intent row is gone).
     """
 
     key: str
     seq: int | None
     reason: str
     message: str
+    field: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "seq": self.seq, "reason": self.reason, "message": self.message}
+        return {"key": self.key, "seq": self.seq, "reason": self.reason, "field": self.field, "message": self.message}
 
 
-def verify_chain(chain: AuditChain) -> ChainBreak | None:
-    """Walk one chain from its first row; return the first break, or ``None`` when it is intact."""
+INTENT_COUNTERS = {
+    "attempt_count": "open_attempt",
+    "reconcile_count": "count_reconcile",
+    "resend_epoch": "bump_resend_epoch",
+    "fence_epoch": "bump_fence_epoch",
+}
+"""Each counter of the intent row and the table effect that raises it by one (``history_count`` is
+checked against the rows present)."""
+
+INTENT_BOUND_FIELDS = ("state", "generation", *INTENT_COUNTERS)
+"""The intent columns bound to its chain: what a replay of the chain through the table derives."""
+
+
+def replay_chain(chain: AuditChain, table: Any) -> ChainBreak | None:
+    """Replay an intact chain through the table: the first row is the creating event into the initial
+    state, every later row an event of the table whose sources hold its ``from_state``, whose target is
+    its ``to_state``, and whose ``from_state`` is the previous row's ``to_state``. Then the state, the
+    generation (of the last row whose event opens an attempt) and each counter of
+    :data:`INTENT_COUNTERS` derived from the rows must equal ``chain.intent``'s. Returns the first
+    break (reason ``replay`` or ``intent``, ``field`` naming what differs), or ``None``."""
+    ix = {f: i for i, f in enumerate(HISTORY_FIELDS)}
+    state: str | None = None
+    derived: dict[str, Any] = dict.fromkeys(INTENT_COUNTERS, 0) | {"generation": None}
+    for n, row in enumerate(chain.rows):
+        event, frm, to = (row.fields[ix[f]] for f in ("event", "from_state", "to_state"))
+        ev = table.events.get(event)
+        if ev is None or (n == 0) != bool(ev.creates):
+            return ChainBreak(
+                chain.key, row.seq, "replay", f"history row {row.seq}: {event!r} is no move here", "event"
+            )
+        if frm != state:
+            return ChainBreak(
+                chain.key, row.seq, "replay", f"history row {row.seq} starts from {frm!r}, not {state!r}", "from_state"
+            )
+        if (not ev.creates and frm not in ev.sources) or to != (table.initial if ev.creates else ev.target):
+            return ChainBreak(
+                chain.key, row.seq, "replay", f"history row {row.seq}: {event} does not move {frm} to {to}", "to_state"
+            )
+        state = to
+        for counter, effect in INTENT_COUNTERS.items():
+            if effect in ev.effects:
+                derived[counter] += 1
+        if "open_attempt" in ev.effects:
+            gen = row.fields[ix["generation"]]
+            derived["generation"] = None if gen is None else int(gen)
+    derived["state"] = state
+    for f in INTENT_BOUND_FIELDS:
+        have = (chain.intent or {}).get(f)
+        if f in (chain.intent or {}) and have != derived[f]:
+            return ChainBreak(
+                chain.key, None, "intent", f"the intent's {f} is {have!r}; its history derives {derived[f]!r}", f
+            )
+    return None
+
+
+def verify_chain(chain: AuditChain, table: Any = None) -> ChainBreak | None:
+    """Walk one chain from its first row; return the first break, or ``None`` when it is intact. With
+    ``table`` and an ``intent`` on the chain, an intact chain is also replayed (:func:`replay_chain`)."""
+    broken = _verify_links(chain)
+    if broken is None and table is not None and chain.intent is not None:
+        return replay_chain(chain, table)
+    return broken
+
+
+def _verify_links(chain: AuditChain) -> ChainBreak | None:
     prev: str | None = None
     for row in chain.rows:
         if row.row_hash is None:
@@ -220,20 +294,26 @@ class AuditReport:
 
 
 def verify_store(store: Any, keys: Iterable[str] | None = None) -> AuditReport:
-    """Verify the chains of ``keys`` (default: every intent) of a store with ``audit_chain(key)``."""
-    if keys is None:
-        keys = store.audit_keys()
+    """Verify the chains of ``keys`` (default: every intent, and then also the history of intents that are
+    gone, ``audit_orphans()``) of a store with ``audit_chain(key)``, replayed through ``store.table``."""
     breaks: list[ChainBreak] = []
     heads: dict[str, str | None] = {}
     n = rows = 0
+    every = keys is None
+    if keys is None:
+        keys = store.audit_keys()
+    table = getattr(store, "table", None)
     for key in keys:
         chain = store.audit_chain(key)
         n += 1
         rows += len(chain.rows)
         heads[key] = chain.rows[-1].row_hash if chain.rows else None
-        broken = verify_chain(chain)
+        broken = verify_chain(chain, table)
         if broken is not None:
             breaks.append(broken)
+    if every:  # history rows whose intent row is gone (an intent deleted under the store)
+        for key in store.audit_orphans():
+            breaks.append(ChainBreak(key, None, "missing_intent", "history rows remain, the intent row is gone", "key"))
     return AuditReport(n, rows, tuple(breaks), heads)
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from .table import Table
+from .table import Event, Table
 
 __all__ = ["CHECKS", "MACHINE_CHECKS", "check_machines", "check_table"]
 
 
-def _machine_events(t: Table):
+def _machine_events(t: Table) -> list[Event]:
     return [e for e in t.events.values() if not t.actors[e.actor].human]
 
 
@@ -134,7 +134,7 @@ def unknown_never_resent_by_machine(t: Table) -> list[str]:
                     out.append(f"machine path {' -> '.join(path)} -{e.name}-> {e.target} resends an unknown outcome")
                 elif e.target not in seen:
                     seen.add(e.target)
-                    todo.append((e.target, (*path, e.target)))
+                    todo.append((e.target, (*path, e.target)))  # type: ignore[arg-type]  # paths grow: tuple[str, ...]
     return out
 
 

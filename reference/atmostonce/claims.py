@@ -25,8 +25,8 @@ from __future__ import annotations
 import copy
 import itertools
 import secrets
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from .errors import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
 from .records import (
@@ -34,21 +34,29 @@ from .records import (
     Claim,
     ClaimEntry,
     ClaimLease,
+    OperatorKey,
+    Refusal,
     check_limit,
     check_text,
     person_name,
     validate_lease_seconds,
 )
-from .table import Table, machine
+from .signing import SIGNED_FIELDS, SignedApproval, key_id, parse_public_key, verify_approval
+from .table import Event, Table, machine
 
 __all__ = [
     "APPROVAL_GUARDS",
     "CLAIM_GUARDS",
     "CLAIM_FENCING_GUARDS",
+    "claim_superseding_move",
     "ClaimOperations",
     "MemoryClaims",
     "settled_dispositions",
 ]
+
+DETAIL_FIELDS = ("owner", "operator", "approver", "reason", "sig_key_id", "sig_signature")
+"""Arguments a claim-history row keeps in its detail: who moved it, why, and (a send under a signed
+approval) the key id and signature the authorization relied on."""
 
 SETTLED_DISPOSITIONS = ("done", "retryable")
 """Intent dispositions that settle a send: the object exists (done) or proof nothing was sent (retryable)."""
@@ -63,6 +71,10 @@ RESERVE_OR_REPLACE = "<reserve or replace>"
 one of ``replace``'s source states, else ``reserve``."""
 
 
+CoupledMove = tuple[str, str, str, dict[str, Any], dict[str, Any], dict[str, Any]]
+"""One auxiliary move an intent move carries: ``(machine, subject, event, old_row, new_row, args)``."""
+
+
 def pick_reserve_event(t: Table, state: str | None) -> str:
     return "replace" if state is not None and state in t.event("replace").sources else "reserve"
 
@@ -70,6 +82,24 @@ def pick_reserve_event(t: Table, state: str | None) -> str:
 def claim_refusal_recorded(exc: Rejected, args: Mapping[str, Any]) -> bool:
     """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (seed 003)."""
     return bool(args.get("claim_token")) and exc.guard in CLAIM_FENCING_GUARDS
+
+
+def claim_superseding_move(moves: Sequence[tuple[int, int | None]], epoch: Any) -> int | None:
+    """The ``seq`` of the claim move that superseded a refused claim lease of ``epoch``, or ``None``.
+
+    ``moves`` are the target's claim moves as ``(seq, epoch)`` in sequence order. The supersession is
+    the move that created the first epoch after the presented one (a ``replace`` or a later
+    ``reserve``); while the presented epoch is still the claim's, the first move after the one that
+    opened it (the claim moved past the reservation the lease was for). ``None`` when nothing
+    superseded it (a forged token on a live reservation). Not the newest move (docs/design.md,
+    "Approvals and per-target dispatch claims")."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return None
+    newer = [seq for seq, e in moves if e is not None and e > epoch]
+    if newer:
+        return newer[0]
+    same = [seq for seq, e in moves if e == epoch]
+    return same[1] if len(same) > 1 else None
 
 
 def settled_dispositions(t: Table) -> tuple[str, ...]:
@@ -82,37 +112,77 @@ def _named(v: Any) -> bool:
 
 
 # ------------------------------------------------------------------ approval guards (spec/approval.toml)
-def approver_identified(row, args, now, world) -> bool:
+class ClaimWorld(Protocol):
+    """What the approval and claim guards read besides the row (the model: :class:`MemoryClaims`'s store)."""
+
+    @property
+    def table(self) -> Table: ...
+    @property
+    def approval_table(self) -> Table: ...
+    @property
+    def signing_policies(self) -> Mapping[str, bool]: ...
+    @property
+    def operator_keys(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+def approver_identified(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     return _named(args.get("approver"))
 
 
-def approval_deadline_passed(row, args, now, world) -> bool:
-    return row["expires_at"] <= now
+def intent_awaiting_approval(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
+    """``args["intent"]``: the intent row being approved; it must sit in the intent table's initial state."""
+    it = args.get("intent")
+    return it is not None and it["state"] == world.table.initial
 
 
-def withdrawer_identified(row, args, now, world) -> bool:
+def approval_covers_intent_bytes(
+    row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld
+) -> bool:
+    """The digest being approved (``row``: the approval as it would be written) is the intent's own."""
+    it = args.get("intent")
+    return it is not None and row["request_digest"] == it["request_digest"]
+
+
+def approval_deadline_passed(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
+    return row["expires_at"] <= now  # type: ignore[no-any-return]  # a row column is Any
+
+
+def withdrawer_identified(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     return _named(args.get("operator"))
 
 
+def withdrawal_attributable(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
+    """The approver withdraws their own approval, or another operator states why (docs/design.md#withdrawing-an-approval)."""
+    return args.get("operator") == row["approver"] or _named(args.get("reason"))
+
+
 APPROVAL_GUARDS: dict[str, Callable[..., bool]] = {
-    f.__name__: f for f in (approver_identified, approval_deadline_passed, withdrawer_identified)
+    f.__name__: f
+    for f in (
+        approver_identified,
+        intent_awaiting_approval,
+        approval_covers_intent_bytes,
+        approval_deadline_passed,
+        withdrawer_identified,
+        withdrawal_attributable,
+    )
 }
 
 
 # ------------------------------------------------------------------ claim guards (spec/claim.toml)
 # ``args["intent"]`` is the intent row the move is for (after the intent's own move, when coupled);
 # ``args["approval"]`` the presented approval's row, or None.
-def intent_queued(row, args, now, world) -> bool:
+def intent_queued(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     it = args.get("intent")
     return it is not None and it["state"] == world.table.initial
 
 
-def approval_usable(row, args, now, world) -> bool:
+def approval_usable(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     a = args.get("approval")
     return a is not None and a["state"] == world.approval_table.initial and a["expires_at"] > now
 
 
-def approval_binds_request(row, args, now, world) -> bool:
+def approval_binds_request(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     """The approval's bytes, account and target: the digest presented, the intent's own (not whose
     draft it was: two intents with the same bytes pass alike, which ``approval_for_intent`` tells apart)."""
     a, it = args.get("approval"), args.get("intent")
@@ -126,18 +196,40 @@ def approval_binds_request(row, args, now, world) -> bool:
     )
 
 
-def approval_for_intent(row, args, now, world) -> bool:
+def approval_for_intent(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     """The approval was given for this intent's draft (its key), not for another one with the same bytes."""
     a = args.get("approval")
     return a is not None and a["key"] == args.get("key")
 
 
-def target_version_current(row, args, now, world) -> bool:
+def approval_signature_verified(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
+    """Signing off for the approval's account, or the approval row is exactly the one the worker verified
+    (``args["sig_*"]``, filled by :meth:`ClaimOperations.verified_signature_args`) and its key is registered
+    to its approver (docs/design.md#signed-approvals)."""
+    a = args.get("approval")
+    if a is None:
+        return False
+    if not world.signing_policies.get(a["account"], False):
+        return True
+    k = world.operator_keys.get(a.get("signing_key_id")) if a.get("signing_key_id") else None
+    return (
+        k is not None
+        and a.get("signature") is not None
+        and k["operator"] == a["approver"]
+        and args.get("sig_public_key") == k["public_key"]
+        and args.get("sig_approval_id") == a["approval_id"]
+        and args.get("sig_signature") == a["signature"]
+        and args.get("sig_key_id") == a["signing_key_id"]
+        and all(args.get(f"sig_{f}") == a[f] for f in SIGNED_FIELDS)
+    )
+
+
+def target_version_current(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     a = args.get("approval")
     return a is not None and a["target_version"] == row["target_version"]
 
 
-def claim_owner(row, args, now, world) -> bool:
+def claim_owner(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     return (
         row["owner_token"] is not None
         and row["owner_token"] == args.get("claim_token")
@@ -145,15 +237,15 @@ def claim_owner(row, args, now, world) -> bool:
     )
 
 
-def claim_lease_live(row, args, now, world) -> bool:
+def claim_lease_live(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     return row["lease_expires_at"] is not None and row["lease_expires_at"] > now
 
 
-def claim_lease_expired(row, args, now, world) -> bool:
+def claim_lease_expired(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     return row["lease_expires_at"] is not None and row["lease_expires_at"] <= now
 
 
-def bound_to_intent(row, args, now, world) -> bool:
+def bound_to_intent(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: ClaimWorld) -> bool:
     return row["key"] is not None and row["key"] == args.get("key")
 
 
@@ -164,6 +256,7 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
         approval_usable,
         approval_binds_request,
         approval_for_intent,
+        approval_signature_verified,
         target_version_current,
         claim_owner,
         claim_lease_live,
@@ -228,30 +321,58 @@ class ClaimOperations:
     def claim_history(self, target: str) -> list[ClaimEntry]:  # pragma: no cover
         raise NotImplementedError
 
+    def claim_log(self, target: str) -> list[ClaimEntry | Refusal]:
+        """The target's whole claim log in store sequence order: every move of its claim and of the
+        approvals for it (:class:`ClaimEntry`) interleaved with the refused stale claim writes
+        (:class:`Refusal`, key ``claim:<target>``). Moves and refusals are numbered by one sequence,
+        so a refusal sorts after the supersession it names. Raises ``IntakeError`` for a bad target."""
+        target = check_text("target", target, max_chars=1024)
+        entries: list[ClaimEntry | Refusal] = [*self.claim_history(target), *self.refusals(f"claim:{target}")]  # type: ignore[attr-defined]
+        return sorted(entries, key=lambda e: e.seq)
+
     # -- operations -------------------------------------------------------------------------
     def approve(
         self,
         key: str,
         *,
         approver: str,
-        expires_in: float,
+        expires_in: float | None = None,
         request_digest: str | None = None,
         target_version: int | None = None,
+        signed: SignedApproval | None = None,
     ) -> Approval:
         """Approve intent ``key``'s exact bytes for ``expires_in`` seconds (database clock).
 
         ``request_digest`` is the digest of the wire bytes the approver saw (default: the intent's);
         ``target_version`` the target version the draft was written against (default: the current one).
         An approval binds digest, account, target and version; editing the draft (new bytes) needs a
-        new approval. Raises ``GuardRefused`` (``approver_identified``) for a blank approver,
-        ``UnknownIntent`` for an unknown key, ``IntakeError`` for bad input. Seed 001.
+        new approval. Raises ``GuardRefused`` naming the approval guard that refused:
+        ``approver_identified`` for a blank approver, ``intent_awaiting_approval`` for an intent that is
+        not queued (begun, in doubt, settled), ``approval_covers_intent_bytes`` for a ``request_digest``
+        other than the intent's; ``UnknownIntent`` for an unknown key, ``IntakeError`` for bad input
+        (docs/design.md#approvals-and-per-target-dispatch-claims).
+
+        ``signed`` (from :func:`atmostonce.signing.sign_approval`, made where the approver's private key is)
+        stores a signature instead of an ``expires_in``: the approval then expires at the signed absolute
+        ``expires_at`` (database-clock seconds) and binds the signed ``target_version``; exactly one of
+        ``expires_in`` and ``signed`` is given, else ``IntakeError``. The store does not check the signature
+        here; the worker does before every send (docs/design.md#signed-approvals).
         """
+        if (expires_in is None) == (signed is None):
+            raise IntakeError("give exactly one of expires_in and signed")
+        if signed is not None and not isinstance(signed, SignedApproval):
+            raise IntakeError(f"signed must be a SignedApproval, got {type(signed).__name__}")
+        if signed is not None and target_version is not None and target_version != signed.target_version:
+            raise IntakeError("target_version differs from the signed target version")
         args = {
             "key": check_text("key", key, max_chars=256),
             "approver": person_name("approver", approver),
-            "expires_in": validate_lease_seconds("expires_in", expires_in),
+            "expires_in": None if expires_in is None else validate_lease_seconds("expires_in", expires_in),
+            "expires_at": None if signed is None else _expiry(signed.expires_at),
+            "signature": None if signed is None else check_text("signature", signed.signature, max_chars=256),
+            "signing_key_id": None if signed is None else check_text("key id", signed.signing_key_id, max_chars=64),
             "request_digest": None if request_digest is None else check_text("request_digest", request_digest),
-            "target_version": _version(target_version),
+            "target_version": _version(target_version if signed is None else signed.target_version),
             "approval_id": "apv_" + secrets.token_hex(12),
         }
         intent = self.find(args["key"])  # type: ignore[attr-defined]
@@ -271,7 +392,7 @@ class ClaimOperations:
         intent, even one with the same bytes, ``target_version_current``, ``intent_queued``,
         ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. Seed 002.
         """
-        args = {
+        args: dict[str, Any] = {
             "key": check_text("key", key, max_chars=256),
             "approval_id": check_text("approval id", approval_id, max_chars=128),
             "request_digest": check_text("request_digest", request_digest, max_chars=128),
@@ -302,10 +423,119 @@ class ClaimOperations:
             "expire_approval", check_text("approval id", approval.approval_id, max_chars=128), {}
         )
 
-    def withdraw_approval(self, approval_id: str, *, operator: str) -> Approval:
-        """An operator withdraws an approval before its send started."""
-        args = {"operator": person_name("operator", operator)}
+    # -- signed approvals (docs/design.md#signed-approvals) ------------------------------------------
+    def _write_operator_key(self, row: Mapping[str, Any]) -> OperatorKey:  # pragma: no cover
+        raise NotImplementedError
+
+    def operator_key(self, key_id: str) -> OperatorKey | None:  # pragma: no cover
+        raise NotImplementedError
+
+    def signing_required(self, account: str) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    def add_operator_key(self, operator: str, public_key: str, *, added_by: str) -> OperatorKey:
+        """Register ``public_key`` (PEM or 64 hex digits) as a key of ``operator`` (the approver name its
+        signatures must carry); ``added_by`` names the administrator. Returns the :class:`OperatorKey`.
+        Registering the same key again for the same operator returns the stored row; for another operator,
+        ``IntakeError``, as for a blank name or a malformed key."""
+        who = person_name("operator", operator)
+        admin = person_name("added_by", added_by)
+        if not who or not admin:
+            raise IntakeError("an operator key needs a named operator and a named administrator")
+        pub = parse_public_key(check_text("public key", public_key, max_chars=4096))
+        kid = key_id(pub)
+        old = self.operator_key(kid)
+        if old is not None:
+            if old.operator != who:
+                raise IntakeError(f"key {kid} is already registered to another operator")
+            return old
+        return self._write_operator_key({"key_id": kid, "operator": who, "public_key": pub, "added_by": admin})
+
+    def approve_signed(
+        self, key: str, *, approver: str, expires_in: float, private_key: Any, target_version: int | None = None
+    ) -> Approval:
+        """Approve intent ``key`` under a signature made here, in the caller's process, with ``private_key``
+        (an Ed25519 private key object; it is never stored): the expiry is ``expires_in`` seconds from the
+        database clock's now, rounded down to a whole second; the target version is ``target_version`` or the
+        target's current one. Raises what :meth:`approve` raises."""
+        from .signing import sign_approval
+
+        it = self.get(check_text("key", key, max_chars=256))  # type: ignore[attr-defined]
+        secs = validate_lease_seconds("expires_in", expires_in)
+        if target_version is None:
+            c = self.claim(it.target)
+            target_version = 0 if c is None else c.target_version
+        signed = sign_approval(
+            private_key,
+            key=it.key,
+            request_digest=it.request_digest,
+            account=it.account,
+            target=it.target,
+            target_version=_version(target_version),  # type: ignore[arg-type]  # filled above: _version returns it
+            expires_at=self.now() + secs,  # type: ignore[attr-defined]
+            approver=person_name("approver", approver),
+        )
+        return self.approve(it.key, approver=approver, signed=signed)
+
+    def set_signing_required(self, account: str, required: bool, *, operator: str | None = None) -> None:
+        """Signing policy of ``account``: when on, an approval-gated send is authorized only under an
+        approval signed by a key registered to its approver (guard ``approval_signature_verified``).
+        ``operator``: who changed it, in the policy log (docs/design.md#policy-changes-are-on-the-record)."""
+        if not isinstance(required, bool):
+            raise IntakeError(f"required must be a bool, got {type(required).__name__}")
+        who = None if operator is None else check_text("operator", operator, max_chars=256)
+        self._write_policy("signing_policies", check_text("account", account), True if required else None, who)  # type: ignore[attr-defined]
+
+    def verified_signature_args(self, claim: Any) -> dict[str, Any]:
+        """At the worker, before bytes: the values of the approval under ``claim`` whose Ed25519 signature
+        checked out against the approver's registered key, as ``sig_*`` arguments of the authorizing move
+        (whose ``approval_signature_verified`` guard requires the row to be unchanged since); empty when
+        the account does not require signing, or when the signature is missing, unregistered, another
+        operator's or forged (the guard then refuses when signing is required)."""
+        if claim is None or not getattr(claim, "approval_id", None):
+            return {}
+        try:
+            a = self.approval(claim.approval_id)
+        except UnknownIntent:
+            return {}
+        if not self.signing_required(a.account) or not a.signing_key_id:
+            return {}
+        k = self.operator_key(a.signing_key_id)
+        if k is None or k.operator != a.approver or not verify_approval(k.public_key, a):
+            return {}
+        out = {f"sig_{f}": getattr(a, f) for f in SIGNED_FIELDS}
+        return out | {
+            "sig_approval_id": a.approval_id,
+            "sig_signature": a.signature,
+            "sig_key_id": a.signing_key_id,
+            "sig_public_key": k.public_key,
+        }
+
+    def withdraw_approval(self, approval_id: str, *, operator: str, reason: str | None = None) -> Approval:
+        """An operator withdraws an approval before its send started; returns the ``withdrawn`` approval.
+
+        The approver may withdraw their own approval; any other operator must give a non-blank ``reason``
+        (recorded in the claim history's detail with the operator's name). Raises ``GuardRefused``
+        (``withdrawer_identified``, ``withdrawal_attributable``), ``IllegalMove`` once the approval was
+        consumed, expired or withdrawn, ``UnknownIntent`` for an unknown id, ``IntakeError`` for bad input
+        (docs/design.md#withdrawing-an-approval)."""
+        args = {
+            "operator": person_name("operator", operator),
+            "reason": None if reason is None else _reason(reason),
+        }
         return self._approval_move("withdraw_approval", check_text("approval id", approval_id), args)
+
+
+def _expiry(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 2**53:
+        raise IntakeError(f"a signed expires_at must be a non-negative number of seconds, got {v!r}")
+    return float(v)
+
+
+def _reason(v: Any) -> str:
+    """A withdrawal's reason as every store compares it: whitespace-only (any Unicode whitespace) becomes ``""``."""
+    text = check_text("reason", v, allow_blank=True, max_chars=1024)
+    return text if text.strip() else ""
 
 
 def _version(v: Any) -> int | None:
@@ -327,15 +557,20 @@ class MemoryClaims:
         self._claims: dict[str, dict[str, Any]] = {}
         self._claim_history: list[ClaimEntry] = []
         self._claim_refusal_seq = itertools.count(1)
+        self.operator_keys: dict[str, dict[str, Any]] = {}  # key id -> OperatorKey fields
+        self.signing_policies: dict[str, bool] = {}  # account -> signing required
 
     # -- generic step --------------------------------------------------------------------------
-    def _aux_step(self, mname: str, event: str, row: dict[str, Any], args: Mapping[str, Any], now: float):
+    def _aux_step(
+        self, mname: str, event: str, row: dict[str, Any], args: Mapping[str, Any], now: float
+    ) -> dict[str, Any]:
         """Check source state and guards of ``event`` of machine ``mname`` on ``row``; return the moved copy.
         Raises ``IllegalMove`` / ``GuardRefused`` (subject = the row's target or approval id)."""
         t: Table = self.approval_table if mname == "approval" else self.claim_table  # type: ignore[attr-defined]
         guards = APPROVAL_GUARDS if mname == "approval" else CLAIM_GUARDS
         ev = t.event(event)
-        subject = row.get("target") if mname == "claim" else row.get("approval_id")
+        # every claim row has its target, every approval row its id
+        subject: str = row.get("target") if mname == "claim" else row.get("approval_id")  # type: ignore[assignment]
         if row["state"] not in ev.sources:
             raise IllegalMove(event, subject, "source_state", row["state"])
         for g in ev.guards:
@@ -369,8 +604,18 @@ class MemoryClaims:
         else:  # pragma: no cover - the machine checks name every effect
             raise KeyError(eff)
 
-    def _claim_entry(self, mname, subject, event, actor, old, new, args, now) -> ClaimEntry:
-        detail = {k: args[k] for k in ("owner", "operator", "approver", "reason") if args.get(k)}
+    def _claim_entry(
+        self,
+        mname: str,
+        subject: str,
+        event: str,
+        actor: str,
+        old: Mapping[str, Any] | None,
+        new: Mapping[str, Any],
+        args: Mapping[str, Any],
+        now: float,
+    ) -> ClaimEntry:
+        detail = {k: args[k] for k in DETAIL_FIELDS if args.get(k)}
         return ClaimEntry(
             next(self._seq),  # type: ignore[attr-defined]
             mname,
@@ -400,7 +645,7 @@ class MemoryClaims:
         }
 
     # -- primitives ------------------------------------------------------------------------------
-    def _approve(self, args):
+    def _approve(self, args: Mapping[str, Any]) -> Approval:
         with self._lock:  # type: ignore[attr-defined]
             now = self.now()  # type: ignore[attr-defined]
             intent = self._rows.get(args["key"])  # type: ignore[attr-defined]
@@ -415,14 +660,17 @@ class MemoryClaims:
                 "target": intent["target"],
                 "target_version": claim["target_version"] if args["target_version"] is None else args["target_version"],
                 "approver": args["approver"],
-                "expires_at": now + args["expires_in"],
+                "expires_at": args["expires_at"] if args["expires_at"] is not None else now + args["expires_in"],
                 "state": "<new>",
                 "approved_at": now,
                 "used_epoch": None,
+                "signature": args["signature"],
+                "signing_key_id": args["signing_key_id"],
             }
             ev = next(e for e in self.approval_table.events.values() if e.creates)  # type: ignore[attr-defined]
+            inputs = dict(args) | {"intent": intent}
             for g in ev.guards:
-                if g not in self._disabled_guards and not APPROVAL_GUARDS[g](row, args, now, self):  # type: ignore[attr-defined]
+                if g not in self._disabled_guards and not APPROVAL_GUARDS[g](row, inputs, now, self):  # type: ignore[attr-defined]
                     raise GuardRefused(ev.name, args["key"], g, None)
             row["state"] = ev.target
             self._claims.setdefault(intent["target"], claim)  # the target row exists from its first approval
@@ -441,7 +689,7 @@ class MemoryClaims:
         out["approval"] = self._approvals.get(aid) if aid else None
         return out
 
-    def _claim_move(self, event, target, args):
+    def _claim_move(self, event: str, target: str, args: Mapping[str, Any]) -> Claim:
         with self._lock:  # type: ignore[attr-defined]
             now = self.now()  # type: ignore[attr-defined]
             row = self._claims.get(target) or self._empty_claim(target, now)
@@ -460,28 +708,26 @@ class MemoryClaims:
             self._claim_history.append(self._claim_entry("claim", target, event, actor, row, new, args, now))
             return _claim(new)
 
-    def _record_claim_refusal(self, exc: Rejected, row, args, now) -> None:
-        from .records import Refusal
-
+    def _record_claim_refusal(self, exc: Rejected, row: Mapping[str, Any], args: Mapping[str, Any], now: float) -> None:
         if row["target"] not in self._claims:  # no claim of that target ever existed to go stale: like the SQL
             return  # stores (whose refused move rolls back the claim row it would have created), record nothing
-        last = [h.seq for h in self._claim_history if h.machine == "claim" and h.subject == row["target"]]
+        moves = [(h.seq, h.epoch) for h in self._claim_history if h.machine == "claim" and h.subject == row["target"]]
         presented = {"owner": args.get("owner"), "claim_epoch": args.get("claim_epoch"), "key": args.get("key")}
         current = {"state": row["state"], "epoch": row["epoch"], "owner": row["owner"], "key": row["key"]}
         self._refusals.append(  # type: ignore[attr-defined]
             Refusal(
-                next(self._seq),
+                next(self._seq),  # type: ignore[attr-defined]
                 f"claim:{row['target']}",
                 exc.event,
                 exc.guard,
                 presented,
                 current,
-                last[-1] if last else None,
+                claim_superseding_move(moves, args.get("claim_epoch")),
                 now,
-            )  # type: ignore[attr-defined]
+            )
         )
 
-    def _approval_move(self, event, approval_id, args):
+    def _approval_move(self, event: str, approval_id: str, args: Mapping[str, Any]) -> Approval:
         with self._lock:  # type: ignore[attr-defined]
             now = self.now()  # type: ignore[attr-defined]
             row = self._approvals.get(approval_id)
@@ -495,7 +741,14 @@ class MemoryClaims:
             self._claim_history.append(self._claim_entry("approval", approval_id, event, actor, row, new, args, now))
             return _approval(new)
 
-    def _coupled(self, ev, intent_before, intent_after, args, now) -> list[tuple[str, str, dict, dict, dict]]:
+    def _coupled(
+        self,
+        ev: Event,
+        intent_before: Mapping[str, Any],
+        intent_after: Mapping[str, Any],
+        args: Mapping[str, Any],
+        now: float,
+    ) -> list[CoupledMove]:
         """The claim (and approval) moves an intent move carries, checked but not applied.
 
         Returns ``[(machine, subject, event, old_row, new_row, args)]``; raises the refusal of a coupled move
@@ -529,7 +782,7 @@ class MemoryClaims:
             moves.append(("approval", arow["approval_id"], aev, arow, anew, inputs))
         return moves
 
-    def _commit_coupled(self, moves, now) -> None:
+    def _commit_coupled(self, moves: Sequence[CoupledMove], now: float) -> None:
         for mname, subject, event, old, new, inputs in moves:
             t = self.claim_table if mname == "claim" else self.approval_table  # type: ignore[attr-defined]
             (self._claims if mname == "claim" else self._approvals)[subject] = new
@@ -537,6 +790,23 @@ class MemoryClaims:
             if inputs.get("operator"):
                 actor = f"operator:{inputs['operator']}"
             self._claim_history.append(self._claim_entry(mname, subject, event, actor, old, new, inputs, now))
+
+    def _write_operator_key(self, row: Mapping[str, Any]) -> OperatorKey:
+        with self._lock:  # type: ignore[attr-defined]
+            stored = dict(row) | {"added_at": self.now()}  # type: ignore[attr-defined]
+            self.operator_keys[row["key_id"]] = stored
+            return OperatorKey(**stored)
+
+    def operator_key(self, key_id: str) -> OperatorKey | None:
+        check_text("key id", key_id, max_chars=64)
+        with self._lock:  # type: ignore[attr-defined]
+            row = self.operator_keys.get(key_id)
+            return None if row is None else OperatorKey(**row)
+
+    def signing_required(self, account: str) -> bool:
+        check_text("account", account)
+        with self._lock:  # type: ignore[attr-defined]
+            return bool(self.signing_policies.get(account, False))
 
     # -- reads -------------------------------------------------------------------------------------
     def claim(self, target: str) -> Claim | None:

@@ -7,12 +7,18 @@ Hierarchy::
         IllegalMove         the intent's state is not a source of the event (guard "source_state")
         GuardRefused        a named guard from the table's catalogue refused
         UnknownIntent       no intent has that delivery key (guard "intent_exists")
+      NotVerified           a remote object a person named was read back and does not confirm the intent
+      RetractionUnsupported a retraction for a transport that cannot retract; nothing was queued
       IntakeError           bad input at submit; nothing was written (also a ValueError)
       StoreError            the store failed (driver errors are mapped to this)
         AppendOnlyViolation the database refused an UPDATE/DELETE on a history table
+        SequenceBehind      a store sequence is at or below a value already stored (a partial restore)
+        NoSynchronousStandby  HA mode is declared and no synchronous standby would hold the authorization
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "AppendOnlyViolation",
@@ -20,7 +26,11 @@ __all__ = [
     "GuardRefused",
     "IllegalMove",
     "IntakeError",
+    "NoSynchronousStandby",
+    "NotVerified",
     "Rejected",
+    "RetractionUnsupported",
+    "SequenceBehind",
     "StoreError",
     "UnknownIntent",
 ]
@@ -43,7 +53,7 @@ class Rejected(AtMostOnceError):
         msg = f"{event} refused for {key[:12]}… by {guard}" + (f" (state {state})" if state else "")
         super().__init__(msg + (f": {detail}" if detail else ""))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"event": self.event, "key": self.key, "guard": self.guard, "state": self.state}
 
 
@@ -59,6 +69,41 @@ class UnknownIntent(Rejected):
     """No intent has this delivery key."""
 
 
+class NotVerified(AtMostOnceError):
+    """A remote object id a person gave (``resolve --published``) was read back and does not confirm the
+    intent: the platform has no such object, it does not hold what was approved, or the transport cannot
+    read objects back. Nothing was written.
+
+    Attributes: ``key`` (delivery key), ``remote_id``, ``outcome`` (the read-back outcome from the table,
+    as the runtime names it) and ``evidence`` (the first field that differed and both projections, or
+    ``None``).
+    """
+
+    def __init__(self, key: str, remote_id: str, outcome: str, evidence: dict[str, Any] | None = None):
+        self.key, self.remote_id, self.outcome, self.evidence = key, remote_id, outcome, evidence
+        super().__init__(f"remote object {remote_id!r} does not confirm {key[:12]}…: {outcome}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "remote_id": self.remote_id, "outcome": self.outcome, "evidence": self.evidence}
+
+
+class RetractionUnsupported(AtMostOnceError):
+    """A retraction (``delete`` or ``correct``) was asked of a transport that declares it cannot retract: the
+    dispatcher would never begin it (outcome ``retract.unsupported``) and it would wait in the queue for
+    ever, so it is refused before it is queued. Nothing was written.
+
+    Attributes: ``key`` (the published intent), ``action`` (``delete`` / ``correct``), ``transport`` (its
+    name) and ``outcome`` (the table's outcome for it, as the runtime names it).
+    """
+
+    def __init__(self, key: str, action: str, transport: str, outcome: str):
+        self.key, self.action, self.transport, self.outcome = key, action, transport, outcome
+        super().__init__(f"the {transport} transport cannot {action} a published object ({outcome}); nothing queued")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "action": self.action, "transport": self.transport, "outcome": self.outcome}
+
+
 class IntakeError(AtMostOnceError, ValueError):
     """Input refused at intake (NUL bytes, lone surrogates, oversize, NaN, naive datetime, bad lease, empty names)."""
 
@@ -69,3 +114,62 @@ class StoreError(AtMostOnceError):
 
 class AppendOnlyViolation(StoreError):
     """The database refused to update or delete an append-only row."""
+
+
+class SequenceBehind(StoreError):
+    """A sequence the store draws identities from would hand out a value already stored: the
+    database was restored without its sequence positions (a schema-only or partial restore).
+    The store refuses to open until ``atmostonce db declare-restore`` moves every sequence past
+    the stored maximum (docs/design.md, "Sequences after a restore").
+
+    Attributes: ``sequence`` (the first sequence behind, e.g. ``"aom_history.seq"`` or
+    ``"generation"``), ``value`` (its current position, 0 when never used), ``stored_max`` (the
+    highest value stored where it is used), ``repair`` (the command that repairs it) and
+    ``behind`` (every ``(sequence, value, stored_max)`` found behind, in a fixed order).
+    """
+
+    REPAIR = "atmostonce db declare-restore --operator NAME"
+
+    def __init__(self, behind: tuple[tuple[str, int, int], ...]):
+        self.behind = tuple(behind)
+        self.sequence, self.value, self.stored_max = self.behind[0]
+        self.repair = self.REPAIR
+        names = ", ".join(f"{n} at {v} (stored max {m})" for n, v, m in self.behind)
+        super().__init__(f"sequences behind the stored data: {names}; run {self.repair}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sequence": self.sequence,
+            "value": self.value,
+            "stored_max": self.stored_max,
+            "repair": self.repair,
+            "behind": [list(b) for b in self.behind],
+        }
+
+
+class NoSynchronousStandby(StoreError):
+    """The store was opened in HA mode (``atmostonce_ha=sync``) and the primary cannot acknowledge the
+    before-byte authorization only once a standby has it: no synchronous standby is named or none is
+    streaming as one. The authorization is refused and nothing was written; the intent stays queued and
+    every other move keeps working (docs/design.md, "Failover and synchronous replication").
+
+    Attributes: ``event`` (the refused authorizing event), ``key`` (delivery key), ``standby_names`` (the
+    primary's ``synchronous_standby_names``, ``""`` when none is named) and ``sync_standbys`` (how many
+    standbys ``pg_stat_replication`` shows streaming as ``sync`` or ``quorum``).
+    """
+
+    def __init__(self, event: str, key: str, standby_names: str, sync_standbys: int):
+        self.event, self.key = event, key
+        self.standby_names, self.sync_standbys = standby_names, int(sync_standbys)
+        super().__init__(
+            f"{event} refused for {key[:12]}…: no synchronous standby (synchronous_standby_names="
+            f"{standby_names!r}, {self.sync_standbys} streaming as sync); nothing was written"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "event": self.event,
+            "key": self.key,
+            "standby_names": self.standby_names,
+            "sync_standbys": self.sync_standbys,
+        }

@@ -11,7 +11,7 @@ cover exactly the table's catalogue.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 __all__ = ["GUARDS", "GuardFn", "World"]
@@ -22,29 +22,38 @@ GuardFn = Callable[[Mapping[str, Any], Mapping[str, Any], float, "World"], bool]
 class World(Protocol):
     """What guards may read besides the row: the model keeps these in memory, SQL stores in tables."""
 
-    epoch: int
-    kill_switches: Mapping[str, bool]
-    credentials: Mapping[str, str]
-    contracts: Mapping[str, str]
-    text_claims: list[dict[str, Any]]
-    text_window_seconds: float
-    source_heads: Mapping[str, str]
-    rate_limits: Mapping[str, Mapping[str, Any]]
+    # read-only members, so the model's plain dicts and lists satisfy them
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def kill_switches(self) -> Mapping[str, bool]: ...
+    @property
+    def credentials(self) -> Mapping[str, str]: ...
+    @property
+    def contracts(self) -> Mapping[str, str]: ...
+    @property
+    def text_claims(self) -> Sequence[Mapping[str, Any]]: ...
+    @property
+    def text_window_seconds(self) -> float: ...
+    @property
+    def source_heads(self) -> Mapping[str, str]: ...
+    @property
+    def rate_limits(self) -> Mapping[str, Mapping[str, Any]]: ...
 
 
-def no_open_attempt(row, args, now, world) -> bool:
+def no_open_attempt(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["attempt_token"] is None
 
 
-def attempts_remaining(row, args, now, world) -> bool:
+def attempts_remaining(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["attempt_count"] < row["max_attempts"]
 
 
-def attempts_exhausted(row, args, now, world) -> bool:
+def attempts_exhausted(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["attempt_count"] >= row["max_attempts"]
 
 
-def lease_holder(row, args, now, world) -> bool:
+def lease_holder(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return (
         row["attempt_token"] is not None
         and row["attempt_token"] == args.get("attempt_token")
@@ -52,41 +61,41 @@ def lease_holder(row, args, now, world) -> bool:
     )
 
 
-def lease_live(row, args, now, world) -> bool:
+def lease_live(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["lease_expires_at"] is not None and row["lease_expires_at"] > now
 
 
-def lease_expired(row, args, now, world) -> bool:
+def lease_expired(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["lease_expires_at"] is not None and row["lease_expires_at"] <= now
 
 
-def request_digest_matches(row, args, now, world) -> bool:
+def request_digest_matches(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["request_digest"] == args.get("request_digest")
 
 
-def remote_id_known(row, args, now, world) -> bool:
+def remote_id_known(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["remote_id"] is not None
 
 
-def restore_epoch_current(row, args, now, world) -> bool:
+def restore_epoch_current(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["epoch"] is not None and row["epoch"] == args.get("epoch") == world.epoch
 
 
-def kill_switch_off(row, args, now, world) -> bool:
+def kill_switch_off(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return not (world.kill_switches.get("global") or world.kill_switches.get(f"account:{row['account']}"))
 
 
-def credential_current(row, args, now, world) -> bool:
+def credential_current(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     current = world.credentials.get(row["account"])
     return current is None or current == args.get("credential_version")
 
 
-def contract_supported(row, args, now, world) -> bool:
-    current = world.contracts.get(args.get("platform"))
+def contract_supported(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
+    current = world.contracts.get(args.get("platform"))  # type: ignore[arg-type]  # no platform (None): no key
     return current is None or current == args.get("contract_version")
 
 
-def text_window_clear(row, args, now, world) -> bool:
+def text_window_clear(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     if row["text_hash"] is None:
         return True
     window = world.text_window_seconds
@@ -100,11 +109,11 @@ def text_window_clear(row, args, now, world) -> bool:
     )
 
 
-def source_is_head(row, args, now, world) -> bool:
+def source_is_head(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["source_version"] is None or world.source_heads.get(row["source_id"]) == row["source_version"]
 
 
-def rate_limit_clear(row, args, now, world) -> bool:
+def rate_limit_clear(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     r = world.rate_limits.get(row["account"])
     return (
         r is None
@@ -114,11 +123,11 @@ def rate_limit_clear(row, args, now, world) -> bool:
     )
 
 
-def no_remote_object(row, args, now, world) -> bool:
+def no_remote_object(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["remote_id"] is None
 
 
-def plan_unchanged(row, args, now, world) -> bool:
+def plan_unchanged(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return (
         row["generation"] == args.get("plan_generation")
         and row["reconcile_count"] == args.get("plan_reconcile_count")
@@ -126,19 +135,19 @@ def plan_unchanged(row, args, now, world) -> bool:
     )
 
 
-def absence_provable(row, args, now, world) -> bool:
+def absence_provable(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["epoch"] is not None and row["epoch"] == world.epoch
 
 
-def reconcile_budget_left(row, args, now, world) -> bool:
+def reconcile_budget_left(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return row["reconcile_count"] < row["max_reconciles"]
 
 
-def evidence_fenced(row, args, now, world) -> bool:
+def evidence_fenced(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     return args.get("fenced") is True
 
 
-def operator_identified(row, args, now, world) -> bool:
+def operator_identified(row: Mapping[str, Any], args: Mapping[str, Any], now: float, world: World) -> bool:
     op = args.get("operator")
     return isinstance(op, str) and op.strip() != ""
 

@@ -27,6 +27,7 @@ import math
 import re
 import secrets
 import unicodedata
+from collections.abc import Callable
 from html.parser import HTMLParser
 from typing import Any, NewType
 
@@ -46,7 +47,10 @@ __all__ = [
     "delivery_key",
     "digest_bytes",
     "load_canonical",
+    "normalize_projection",
     "normalize_text",
+    "platform_idempotency_key",
+    "split_platform_idempotency_key",
     "raw_digest",
     "request_digest",
     "source_version",
@@ -193,6 +197,13 @@ def _version(version: int | None) -> int:
     return v
 
 
+def normalize_projection(v: Any, version: int | None = None) -> Any:
+    """``v`` with every string in it normalized by :func:`normalize_text` (objects and lists walked; other
+    values kept): the form in which the delivery key hashes a request projection, and in which a read-back
+    is compared with what was approved. Raises :class:`IdentityError` as :func:`normalize_text` does."""
+    return _normalize_projection(v, _version(version))
+
+
 def _normalize_projection(v: Any, version: int) -> Any:
     if isinstance(v, str):
         return normalize_text(v, version)
@@ -226,6 +237,42 @@ def delivery_key(
     return DeliveryKey(
         _identity("atmostonce/delivery-key", v, account, action_kind, target, _normalize_projection(projection, v))
     )
+
+
+def platform_idempotency_key(delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> str:
+    """The key a platform deduplicates (and tombstones) a create by: the delivery key, plus ``.r<n>``
+    for an operator's resend epoch ``n`` and ``.f<m>`` for the fence epoch ``m`` (docs/design.md,
+    "A fence is a tombstone"). Epoch 0 adds nothing, so a first send carries the bare delivery key.
+
+    The one definition shared by the model, the stores (``Attempt.idempotency_key``) and every
+    transport (``WireRequest.idempotency_key``). The delivery key itself never changes; each epoch
+    bump mints a key no earlier request carried. Raises :class:`IdentityError` for an empty key or
+    a negative or non-integer epoch.
+    """
+    _require("delivery_key", delivery_key)
+    for name, n in (("resend_epoch", resend_epoch), ("fence_epoch", fence_epoch)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise IdentityError(f"{name} must be a non-negative integer, got {n!r}")
+    key = delivery_key
+    if resend_epoch:
+        key += f".r{resend_epoch}"
+    if fence_epoch:
+        key += f".f{fence_epoch}"
+    return key
+
+
+_EPOCH_SUFFIX = re.compile(r"^(?P<key>.+?)(?:\.r(?P<resend>[1-9][0-9]*))?(?:\.f(?P<fence>[1-9][0-9]*))?$", re.S)
+
+
+def split_platform_idempotency_key(key: str) -> tuple[str, int, int]:
+    """The inverse of :func:`platform_idempotency_key`: ``(delivery_key, resend_epoch, fence_epoch)``.
+
+    For a platform or a test that must tell a duplicate of one delivery from its retry under the next
+    fence epoch. Raises :class:`IdentityError` for an empty key."""
+    _require("key", key)
+    m = _EPOCH_SUFFIX.match(key)
+    assert m is not None  # the pattern matches every non-empty string
+    return m["key"], int(m["resend"] or 0), int(m["fence"] or 0)
 
 
 def request_digest(wire: Any) -> str:
@@ -264,17 +311,17 @@ class _Visible(HTMLParser):
         self.parts: list[str] = []
         self.depth = 0
 
-    def handle_starttag(self, tag, attrs):
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag in self._SKIP:
             self.depth += 1
         elif tag in ("p", "br", "div", "li", "h1", "h2", "h3", "tr"):
             self.parts.append("\n")
 
-    def handle_endtag(self, tag):
+    def handle_endtag(self, tag: str) -> None:
         if tag in self._SKIP and self.depth:
             self.depth -= 1
 
-    def handle_data(self, data):
+    def handle_data(self, data: str) -> None:
         if not self.depth:
             self.parts.append(data)
 
@@ -301,7 +348,7 @@ def attempt_token() -> AttemptToken:
     return AttemptToken(secrets.token_hex(16))
 
 
-NORMALIZERS: dict[int, Any] = {1: _normalize_v1}
+NORMALIZERS: dict[int, Callable[[str], str]] = {1: _normalize_v1}
 """Every normalizer still recognized, by version. A new version is added beside the old ones, never
 over them: ``prepare_submission`` looks an intent up under every older version's key too, so a
 normalizer change neither splits one delivery into two keys nor merges two deliveries into one."""

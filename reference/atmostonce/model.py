@@ -18,20 +18,30 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from transitions import Machine
 
-from .audit import AuditChain, AuditRow, field_texts, history_hash, model_detail_text, reconciliation_step
+from .audit import (
+    INTENT_BOUND_FIELDS,
+    AuditChain,
+    AuditRow,
+    field_texts,
+    history_hash,
+    model_detail_text,
+    reconciliation_step,
+)
 from .claims import MemoryClaims
-from .errors import GuardRefused, IllegalMove, StoreError, UnknownIntent
+from .errors import GuardRefused, IllegalMove, Rejected, StoreError, UnknownIntent
 from .guards import GUARDS
-from .identity import attempt_token
+from .identity import DeliveryKey, attempt_token
 from .records import (
     HISTORY_DETAIL,
     Attempt,
+    Evidence,
     HistoryEntry,
     Intent,
+    PolicyChange,
     Reconciliation,
     Refusal,
     SourceCapture,
@@ -39,7 +49,7 @@ from .records import (
     check_limit,
     check_text,
 )
-from .store import Operations
+from .store import Operations, policy_log_row, step_args, superseding_move
 from .table import Table
 from .table import table as default_table
 
@@ -74,6 +84,16 @@ class _RateSlot:
             r["used"] += 1
 
 
+class _AppendTarget(Protocol):
+    """Where an effect's commit-time write goes: a store list, or a :class:`_Releaser` / :class:`_RateSlot`."""
+
+    def append(self, item: Any, /) -> None: ...
+
+
+_Append = tuple[_AppendTarget, Any]
+"""One deferred write of an effect: ``target.append(item)`` once every check passed."""
+
+
 class _Cell:
     """What the ``transitions`` machine moves: one intent's state."""
 
@@ -97,7 +117,7 @@ def _build_machine(t: Table) -> Machine:
     )
 
 
-def _chain_fields(h: HistoryEntry) -> tuple:
+def _chain_fields(h: HistoryEntry) -> tuple[Any, ...]:
     """A history row's fields in ``atmostonce.audit.HISTORY_FIELDS`` order, detail in the model's text form."""
     return (
         h.seq,
@@ -128,7 +148,8 @@ class MemoryStore(MemoryClaims, Operations):
         text_window_seconds: float = 86_400.0,
     ):
         self.table = table or default_table()
-        self.text_window_seconds = float(text_window_seconds)
+        self.default_text_window_seconds = float(text_window_seconds)
+        """The duplicate-text window until one is stored (``set_text_window``)."""
         self._clock = clock or time.time
         self._lock = threading.RLock()
         self._machine = _build_machine(self.table)
@@ -156,14 +177,22 @@ class MemoryStore(MemoryClaims, Operations):
             self.credentials: dict[str, str] = {}
             self.contracts: dict[str, str] = {}
             self.text_claims: list[dict[str, Any]] = []
+            self.settings: dict[str, float] = {}  # store-wide policy values (the text window)
+            self._policy_log: list[PolicyChange] = []
             self.rate_limits: dict[str, dict[str, Any]] = {}
             self._refusals: list[Refusal] = []
+            self._evidence: list[Evidence] = []
             self.source_heads: dict[str, str] = {}
             self._source_versions: dict[str, dict[str, Any]] = {}
             self._reset_claims()
 
     def close(self) -> None:
         pass
+
+    @property
+    def text_window_seconds(self) -> float:
+        """The duplicate-text window the ``text_window_clear`` guard reads: the stored one, else the default."""
+        return self.settings.get("text_window_seconds", self.default_text_window_seconds)
 
     def now(self) -> float:
         return float(self._clock())
@@ -192,6 +221,7 @@ class MemoryStore(MemoryClaims, Operations):
                 "reconcile_count": 0,
                 "max_reconciles": sub.max_reconciles,
                 "resend_epoch": 0,
+                "fence_epoch": 0,
                 "descriptor": None,
                 "normalizer_version": sub.normalizer_version,
                 "created_at": now,
@@ -226,7 +256,7 @@ class MemoryStore(MemoryClaims, Operations):
                     raise GuardRefused(event, key, g, row["state"])
             # compute everything first; commit only when nothing else can fail
             new = copy.deepcopy(row)
-            appends: list[tuple[list, Any]] = []
+            appends: list[_Append] = []
             for eff in ev.effects:
                 getattr(self, f"_eff_{eff}")(new, args, now, event, appends)
             new["state"] = ev.target
@@ -237,8 +267,9 @@ class MemoryStore(MemoryClaims, Operations):
                 (new["attempt_token"], new["generation"]) if opens else (row["attempt_token"], row["generation"])
             )
             actor = ev.actor if not args.get("operator") else f"operator:{args['operator']}"
-            entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)
-            rec = self._reconciliation(key, event, new, args, entry.seq, now)
+            # the row exists under ``key``, so it is a delivery key
+            entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)  # type: ignore[arg-type]
+            rec = self._reconciliation(key, event, new, args, entry.seq, now)  # type: ignore[arg-type]
             cell = self._cells[key]
             if not getattr(cell, event)():  # pragma: no cover - guards were checked above
                 raise StoreError(f"transitions refused {event} from {row['state']}")
@@ -252,11 +283,38 @@ class MemoryStore(MemoryClaims, Operations):
             self._commit_coupled(coupled, now)
             return self._intent(new)
 
+    _NOT_DATA = frozenset({"_lock", "_machine", "table", "_clock", "_cells", "_generation", "_seq"})
+
+    def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
+        """Several moves as one transaction: on a refusal, everything the earlier moves wrote is put
+        back (the generation and sequence counters are not: like a database sequence, a rolled-back
+        transaction leaves a gap)."""
+        with self._lock:
+            saved = copy.deepcopy({k: v for k, v in vars(self).items() if k not in self._NOT_DATA})
+            cells = {k: c.state for k, c in self._cells.items()}
+            out: list[Intent] = []
+            try:
+                for event, args in steps:
+                    out.append(self._apply(event, key, step_args(args, out[-1] if out else None)))
+            except BaseException:
+                vars(self).update(saved)
+                for k in list(self._cells):
+                    if k not in cells:
+                        del self._cells[k]
+                    else:
+                        self._cells[k].state = cells[k]
+                raise
+            return out
+
     # -- effects (names from the table's effect catalogue) --------------------------------
-    def _eff_create(self, row, args, now, event, appends):  # pragma: no cover - creation goes through _create
+    def _eff_create(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:  # pragma: no cover - creation goes through _create
         raise StoreError("create is not applied to an existing row")
 
-    def _eff_open_attempt(self, row, args, now, event, appends):
+    def _eff_open_attempt(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         tok = attempt_token()
         gen = next(self._generation)
         row["attempt_count"] += 1
@@ -271,28 +329,48 @@ class MemoryStore(MemoryClaims, Operations):
             "number": row["attempt_count"],
             "generation": gen,
             "opened_at": now,
+            "resend_epoch": row["resend_epoch"],
+            "fence_epoch": row["fence_epoch"],
         }
         appends.append((self._attempts, attempt))
 
-    def _eff_extend_lease(self, row, args, now, event, appends):
+    def _eff_extend_lease(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         row["lease_expires_at"] = now + args["lease_seconds"]
 
-    def _eff_write_descriptor(self, row, args, now, event, appends):
+    def _eff_write_descriptor(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         row["descriptor"] = copy.deepcopy(dict(args.get("descriptor") or {}))
 
-    def _eff_set_remote_id(self, row, args, now, event, appends):
+    def _eff_set_remote_id(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         row["remote_id"] = args["remote_id"]
 
-    def _eff_close_attempt(self, row, args, now, event, appends):
+    def _eff_close_attempt(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         if row["attempt_token"] is not None:
             appends.append((self._attempt_outcomes, (next(self._seq), row["attempt_token"], event)))
         row["attempt_token"] = None
         row["lease_expires_at"] = None
 
-    def _eff_count_reconcile(self, row, args, now, event, appends):
+    def _eff_count_reconcile(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         row["reconcile_count"] += 1  # the lookup's record is written beside the move (_reconciliation)
 
-    def _reconciliation(self, key, event, row, args, history_seq, now) -> Reconciliation | None:
+    def _reconciliation(
+        self,
+        key: DeliveryKey,
+        event: str,
+        row: Mapping[str, Any],
+        args: Mapping[str, Any],
+        history_seq: int,
+        now: float,
+    ) -> Reconciliation | None:
         """The reconciliation record this move appends (``atmostonce.audit.reconciliation_step``)."""
         step = reconciliation_step(self.table, event)
         if step is None:
@@ -307,7 +385,9 @@ class MemoryStore(MemoryClaims, Operations):
         send_seq = None if latest is None else latest.send_seq
         return Reconciliation(next(self._seq), key, result, args.get("remote_id"), now, send_seq, event)
 
-    def _eff_claim_text_slot(self, row, args, now, event, appends):
+    def _eff_claim_text_slot(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         if row["text_hash"] is not None:
             claim = {
                 "key": row["key"],
@@ -319,25 +399,51 @@ class MemoryStore(MemoryClaims, Operations):
             }
             appends.append((self.text_claims, claim))
 
-    def _eff_take_rate_slot(self, row, args, now, event, appends):
+    def _eff_take_rate_slot(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         appends.append((_RateSlot(self.rate_limits, row["account"], now), None))
 
-    def _eff_release_text_slot(self, row, args, now, event, appends):
+    def _eff_release_text_slot(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         # released at commit time (appends run after every check passed)
         appends.append((_Releaser(self.text_claims, row["key"]), None))
 
-    def _eff_fence_restore(self, row, args, now, event, appends):
+    def _eff_fence_restore(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         self._eff_close_attempt(row, args, now, event, appends)
 
-    def _eff_bump_resend_epoch(self, row, args, now, event, appends):
+    def _eff_bump_resend_epoch(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         row["resend_epoch"] += 1
         row["remote_id"] = None
 
-    def _eff_grant_attempt(self, row, args, now, event, appends):
+    def _eff_bump_fence_epoch(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
+        row["fence_epoch"] += 1
+
+    def _eff_grant_attempt(
+        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
+    ) -> None:
         row["max_attempts"] = max(row["max_attempts"], row["attempt_count"] + 1)
 
     # -- history --------------------------------------------------------------------------
-    def _history_entry(self, key, event, actor, from_state, row, args, now, token=None, gen=None) -> HistoryEntry:
+    def _history_entry(
+        self,
+        key: DeliveryKey,
+        event: str,
+        actor: str,
+        from_state: str | None,
+        row: Mapping[str, Any],
+        args: Mapping[str, Any],
+        now: float,
+        token: str | None = None,
+        gen: int | None = None,
+    ) -> HistoryEntry:
         detail = copy.deepcopy({k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")})
         return HistoryEntry(next(self._seq), key, event, actor, from_state, row["state"], token, gen, detail, now)
 
@@ -364,13 +470,20 @@ class MemoryStore(MemoryClaims, Operations):
                 prev, digest = self._chain.get(h.seq, (None, None))
                 texts = field_texts(*_chain_fields(h))
                 rows.append(AuditRow(h.seq, texts, prev, digest))
-            return AuditChain(key, tuple(rows), self._history_count.get(key))
+            row = self._rows.get(key)
+            intent = None if row is None else {f: row[f] for f in INTENT_BOUND_FIELDS}
+            return AuditChain(key, tuple(rows), self._history_count.get(key), intent)
+
+    def audit_orphans(self) -> list[str]:
+        """Keys with history rows but no intent row (sorted)."""
+        with self._lock:
+            return sorted({h.key for h in self._history} - set(self._rows))
 
     @staticmethod
     def _copy_entry(h: HistoryEntry) -> HistoryEntry:
         return dataclasses.replace(h, detail=copy.deepcopy(dict(h.detail)))
 
-    def _record_refusal(self, exc, presented) -> None:
+    def _record_refusal(self, exc: Rejected, presented: Mapping[str, Any]) -> None:
         with self._lock:
             row = self._rows.get(exc.key)
             if row is None:
@@ -382,7 +495,7 @@ class MemoryStore(MemoryClaims, Operations):
                 "epoch": self.epoch,
                 "reconcile_count": row["reconcile_count"],
             }
-            last = [h.seq for h in self._history if h.key == exc.key]
+            moves = [(h.seq, h.event, h.attempt_token, h.generation) for h in self._history if h.key == exc.key]
             self._refusals.append(
                 Refusal(
                     next(self._seq),
@@ -391,10 +504,43 @@ class MemoryStore(MemoryClaims, Operations):
                     exc.guard,
                     copy.deepcopy(dict(presented)),
                     current,
-                    last[-1] if last else None,
+                    superseding_move(self.table, moves, presented),
                     self.now(),
                 )
             )
+
+    def _record_evidence(self, args: Mapping[str, Any]) -> Evidence:
+        with self._lock:
+            known = any(
+                a["key"] == args["key"]
+                and a["attempt_token"] == args["attempt_token"]
+                and a["generation"] == args["generation"]
+                for a in self._attempts
+            )
+            if not known:
+                raise UnknownIntent("record_late_outcome", args["key"], "attempt_exists", None)
+            ev = Evidence(
+                next(self._seq),
+                args["key"],
+                args["attempt_token"],
+                args["generation"],
+                args["epoch"],
+                args["outcome"],
+                args["refused_event"],
+                args["refused_by"],
+                args["remote_id"],
+                args["response_digest"],
+                args["reason"],
+                args["worker_time"],
+                self.now(),
+            )
+            self._evidence.append(ev)
+            return ev
+
+    def evidence(self, key: str) -> list[Evidence]:
+        check_text("key", key, max_chars=256)
+        with self._lock:
+            return [e for e in self._evidence if e.key == key]
 
     def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:
         with self._lock:
@@ -416,27 +562,66 @@ class MemoryStore(MemoryClaims, Operations):
             return [copy.deepcopy(r) for r in self._refusals if r.key == key]
 
     # -- policy and restores ----------------------------------------------------------------
-    def _write_policy(self, kind: str, name: str, value: Any) -> None:
+    def _write_policy(self, kind: str, name: str, value: Any, operator: str | None) -> None:
         with self._lock:
-            table: dict[str, Any] = getattr(self, kind)
+            table: dict[str, Any] = self.settings if kind == "text_window_seconds" else getattr(self, kind)
+            key = "text_window_seconds" if kind == "text_window_seconds" else name
             if value is None or value is False:
-                table.pop(name, None)
+                table.pop(key, None)
             else:
-                table[name] = value
+                table[key] = value
+            self._log_policy(kind, name, value, operator)
 
-    def _write_rate_limit(self, account: str, max_sends: int | None, window_seconds: float) -> None:
+    def _log_policy(self, kind: str, name: str, value: Any, operator: str | None) -> None:
+        log_kind, log_value = policy_log_row(kind, value)
+        self._policy_log.append(PolicyChange(next(self._seq), log_kind, name, log_value, operator, self.now()))
+
+    def _write_rate_limit(
+        self, account: str, max_sends: int | None, window_seconds: float, operator: str | None
+    ) -> None:
         with self._lock:
             if max_sends is None:
                 self.rate_limits.pop(account, None)
+                self._log_policy("rate_limits", account, None, operator)
                 return
             r = self.rate_limits.setdefault(account, {"window_start": None, "used": 0})
             r.update(max_sends=max_sends, window_seconds=window_seconds)
+            self._log_policy(
+                "rate_limits", account, {"max_sends": max_sends, "window_seconds": window_seconds}, operator
+            )
+
+    def policy_changes(self, limit: int = 100) -> list[PolicyChange]:
+        """The newest ``limit`` rows of the policy log, newest first."""
+        n = check_limit(limit)
+        with self._lock:
+            return list(reversed(self._policy_log))[:n]
 
     def rate_limited(self, account: str) -> bool:
         from .guards import rate_limit_clear
 
         with self._lock:
             return not rate_limit_clear({"account": account}, {}, self.now(), self)
+
+    def policies(self) -> dict[str, Any]:
+        """Every policy the gates read, in one snapshot (``Operations.policies`` describes the shape)."""
+        with self._lock:
+            return {
+                "kill_switches": dict(sorted((k, bool(v)) for k, v in self.kill_switches.items())),
+                "rate_limits": {
+                    a: {k: r.get(k) for k in ("max_sends", "window_seconds", "window_start", "used")}
+                    for a, r in sorted(self.rate_limits.items())
+                },
+                "credentials": dict(sorted(self.credentials.items())),
+                "contracts": dict(sorted(self.contracts.items())),
+                "signing": dict(sorted((a, bool(v)) for a, v in self.signing_policies.items() if v)),
+                "text_window_seconds": self.text_window_seconds,
+            }
+
+    def has_account(self, account: str) -> bool:
+        """Whether any intent of ``account`` is stored."""
+        check_text("account", account)
+        with self._lock:
+            return any(r["account"] == account for r in self._rows.values())
 
     def kill_switch_engaged(self, account: str) -> bool:
         with self._lock:
@@ -449,6 +634,25 @@ class MemoryStore(MemoryClaims, Operations):
         with self._lock:
             self.epoch += 1
             return self.epoch
+
+    def _declare_restore(self, who: str) -> tuple[int, int]:
+        """The restore protocol under the store's one lock: no other operation sees it half done. The
+        model has no sequences to resync (its counters never go back). The epoch is advanced only once
+        every move is known to pass its source state; a move refused by a guard leaves that intent as
+        it is, as the SQL stores' conditional writes do."""
+        ev = self.table.event("restore_fence")
+        with self._lock:
+            keys = [it.key for state in ev.sources for it in self.list_intents(state=state, limit=10**9)]
+            self.epoch += 1
+            fenced = 0
+            args = {"operator": who, "reason": f"restore epoch {self.epoch}"}
+            for key in sorted(keys, key=lambda k: (self._rows[k]["created_at"], k)):
+                try:
+                    self._move("restore_fence", key, args)
+                    fenced += 1
+                except Rejected:
+                    pass
+            return self.epoch, fenced
 
     # -- reads ----------------------------------------------------------------------------
     def _intent(self, row: Mapping[str, Any]) -> Intent:
@@ -500,6 +704,8 @@ class MemoryStore(MemoryClaims, Operations):
                     a["generation"],
                     a["opened_at"],
                     tuple(outs.get(a["attempt_token"], ())),
+                    a["resend_epoch"],
+                    a["fence_epoch"],
                 )
                 for a in self._attempts
                 if a["key"] == key
@@ -521,6 +727,7 @@ class MemoryStore(MemoryClaims, Operations):
 
     def claimable(self, limit: int = 100) -> list[str]:
         """Keys of intents in the initial state with no open attempt (candidates for ``begin``)."""
+        check_limit(limit)
         with self._lock:
             rows = [
                 r

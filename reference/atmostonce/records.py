@@ -21,6 +21,7 @@ from .identity import (
     canonical_json,
     delivery_key,
     load_canonical,
+    platform_idempotency_key,
     request_digest,
     text_digest,
 )
@@ -34,10 +35,12 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "DEFAULT_MAX_RECONCILES",
     "Attempt",
+    "Evidence",
     "HistoryEntry",
     "Intent",
     "Lease",
     "Plan",
+    "PolicyChange",
     "Reconciliation",
     "Refusal",
     "SourceCapture",
@@ -84,6 +87,8 @@ class Intent:
     source_id: str | None = None
     source_version: str | None = None
     requires_approval: bool = False
+    fence_epoch: int = 0
+    """Fenced absences proven so far (``reconcile_absent`` bumps it); part of the platform key."""
     store_epoch: int | None = None
     """The database's restore epoch when this snapshot was read (``epoch`` is the row's: the epoch
     its latest attempt was begun under)."""
@@ -126,6 +131,18 @@ class Attempt:
     generation: int
     opened_at: float
     outcomes: tuple[str, ...] = ()
+    resend_epoch: int | None = None
+    """The intent's resend epoch when the attempt began (``None``: begun before migration 0005)."""
+    fence_epoch: int = 0
+    """The intent's fence epoch when the attempt began."""
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The platform idempotency key this attempt was sent under
+        (:func:`atmostonce.identity.platform_idempotency_key`); ``None`` when not recorded."""
+        if self.resend_epoch is None:
+            return None
+        return platform_idempotency_key(self.key, self.resend_epoch, self.fence_epoch)
 
 
 @dataclass(frozen=True)
@@ -162,17 +179,60 @@ class Reconciliation:
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """A refused stale write, recorded (seed 003): what was presented, what was current, and the
-    sequence of the last history event before the refusal (the one that superseded the presenter)."""
+class PolicyChange:
+    """One change of a policy the gates read, as the store recorded it in the transaction of the change
+    (append-only; docs/design.md#policy-changes-are-on-the-record). ``seq``: store sequence; ``kind``: the
+    policy's key in ``Operations.policies()`` (``kill_switches``, ``rate_limits``, ``credentials``,
+    ``contracts``, ``signing``, ``text_window_seconds``); ``name``: the scope, account or platform it is
+    for (``global`` for the text window); ``value``: the new value as JSON (``None``: removed);
+    ``operator``: who made it (``None``: a program that named no person); ``recorded_at``: the store's clock."""
 
     seq: int
-    key: DeliveryKey
+    kind: str
+    name: str
+    value: Any
+    operator: str | None
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A refused stale write, recorded (seed 003): what was presented, what was current, and the
+    sequence of the last history event before the refusal (the one that superseded the presenter).
+    ``key``: the intent's delivery key, or ``claim:<target>`` for a refused claim write."""
+
+    seq: int
+    key: str
     event: str
     guard: str
     presented: Mapping[str, Any]
     current: Mapping[str, Any]
     superseded_by_seq: int | None
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A worker's outcome that arrived after its move was refused (a late success, not-sent, unknown
+    or read-back), kept on the attempt it was for: append-only, it moves no state (design.md, "Late
+    outcomes are evidence"). ``seq``: store sequence; ``attempt_token``/``generation``/``epoch``: the
+    lease the worker presented; ``outcome``: the table's outcome name (``send.success`` ...);
+    ``refused_event``/``refused_by``: the move that was refused and the guard (or ``source_state``)
+    that refused it; ``remote_id``/``response_digest``: what the platform answered, if anything;
+    ``worker_time``: the worker's wall clock (seconds, context only); ``recorded_at``: the store's clock."""
+
+    seq: int
+    key: DeliveryKey
+    attempt_token: str
+    generation: int
+    epoch: int
+    outcome: str
+    refused_event: str
+    refused_by: str
+    remote_id: str | None
+    response_digest: str | None
+    reason: str | None
+    worker_time: float | None
     recorded_at: float
 
 
@@ -226,6 +286,22 @@ class Approval:
     state: str
     approved_at: float
     used_epoch: int | None = None
+    signature: str | None = None
+    """Hex Ed25519 signature over :func:`atmostonce.signing.approval_payload` (None: unsigned)."""
+    signing_key_id: str | None = None
+    """The registered operator key the signature claims (``ed25519:<32 hex>``)."""
+
+
+@dataclass(frozen=True)
+class OperatorKey:
+    """An operator's registered Ed25519 public key (docs/design.md#signed-approvals): its id, the operator
+    (approver) name it belongs to, the key as 64 hex digits, who registered it and when (database clock)."""
+
+    key_id: str
+    operator: str
+    public_key: str
+    added_by: str
+    added_at: float
 
 
 @dataclass(frozen=True)
@@ -372,6 +448,7 @@ HISTORY_DETAIL = (
     "credential_version",
     "platform",
     "contract_version",
+    "evidence",
 )
 """Arguments of a move that its history row keeps as ``detail`` (the same in every store)."""
 
@@ -429,7 +506,7 @@ def check_json_object(name: str, v: Any, *, max_bytes: int = MAX_DETAIL_BYTES) -
         raise IntakeError(f"{name}: {exc}") from exc
     if len(raw) > max_bytes:
         raise IntakeError(f"{name} is larger than {max_bytes} bytes")
-    return load_canonical(raw)
+    return load_canonical(raw)  # type: ignore[no-any-return]  # the canonical form of a dict loads as one
 
 
 def check_limit(limit: Any) -> int:

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import AtMostOnceError, GuardRefused, Rejected
-from .identity import request_digest
-from .records import Intent, Lease
+from . import observe
+from .errors import AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
+from .identity import canonical_json, request_digest
+from .records import Intent, Lease, check_limit
 from .store import RETRACTION_PREFIX, Store, retraction_of
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
@@ -36,7 +38,15 @@ __all__ = [
     "RuntimeConfig",
     "SimulatedCrash",
     "Sweeper",
+    "TIMED_OUTCOMES",
+    "WAITING_OUTCOMES",
     "Worker",
+    "backoff_delay",
+    "check_retraction",
+    "late_remote_id",
+    "read_back_outcome",
+    "retraction_refusal",
+    "verify_remote_object",
     "wire_request",
 ]
 
@@ -60,6 +70,10 @@ WAITING_OUTCOMES = frozenset(
 )
 """Dispatch outcomes that began nothing: a worker that saw only these waits before it polls again."""
 
+TIMED_OUTCOMES = frozenset({"gate.rate_limited", "claim.busy"})
+"""Waiting outcomes that time resolves (the rate window turns, another dispatch's claim is released or lapses);
+the other :data:`WAITING_OUTCOMES` hold until someone acts (approves, releases a kill switch, captures a source)."""
+
 
 class SimulatedCrash(Exception):
     """Raised by a crash hook: the worker dies at this point and makes no further store call."""
@@ -70,7 +84,9 @@ class RuntimeConfig:
     """Lease lengths in seconds (store clock); ``retries_per_tick`` bounds how many failed
     intents one sweeper tick re-queues, so raising a cap releases a backlog at a rate;
     ``reconcile_interval`` (seconds, store clock) spaces the lookups of one intent, so a
-    platform's read lag does not burn the reconcile budget in one burst."""
+    platform's read lag does not burn the reconcile budget in one burst; the first look at an unknown
+    send is not spaced but made ``first_look_after`` seconds after the move that made it unknown
+    (default 0: at once, on the next reconciler pass)."""
 
     lease_seconds: float = 30.0
     send_lease_seconds: float = 60.0
@@ -78,27 +94,116 @@ class RuntimeConfig:
     sweep_batch: int = 100
     reconcile_batch: int = 50
     reconcile_interval: float = 1.0
+    first_look_after: float = 0.0
 
 
 def wire_request(intent: Intent) -> WireRequest:
-    """The exact request for an intent: its body, its delivery key, its resend epoch; for a retraction
+    """The exact request for an intent: its body, its delivery key, its resend and fence epochs; for a retraction
     (``Operations.submit_retraction``) also the action (``delete`` / ``correct``) and the object it acts on."""
     retraction = retraction_of(intent) if intent.action_kind.startswith(RETRACTION_PREFIX) else None
     return WireRequest(
         body=dict(intent.request),
         delivery_key=intent.key,
         resend_epoch=intent.resend_epoch,
+        fence_epoch=intent.fence_epoch,
         action="create" if retraction is None else retraction["mode"],
         object_id=None if retraction is None else retraction["remote_id"],
     )
 
 
 def read_back_confirms(transport: Transport, wire: WireRequest, rb: Any) -> bool:
-    """Whether a read-back proves the request took effect: the object equals what was sent (create,
-    correct), or the object is gone (delete)."""
+    """Whether a read-back proves the request took effect: the object holds what was approved (create,
+    correct: the transport's projection compare), or the object is gone (delete)."""
     if wire.action == "delete":
         return isinstance(rb, NotFound)
     return isinstance(rb, Found) and transport.matches(wire, rb)
+
+
+RETRACT_UNSUPPORTED = "retract.unsupported"
+
+
+def retraction_refusal(transport: Transport, action: str) -> str | None:
+    """``retract.unsupported`` when ``action`` is a retraction (``delete`` / ``correct``) and ``transport``
+    declares it cannot retract (the dispatcher then begins nothing, and the intent would wait in the queue
+    for ever); ``None`` when the transport can carry it (or for a ``create``)."""
+    if action != "create" and not transport.capabilities.retract:
+        return RETRACT_UNSUPPORTED
+    return None
+
+
+def check_retraction(transport: Transport, key: str, action: str) -> None:
+    """Refuse, before it is queued, a retraction of ``key`` the transport cannot carry
+    (:class:`RetractionUnsupported`); the check the dispatcher makes (:func:`retraction_refusal`)."""
+    outcome = retraction_refusal(transport, action)
+    if outcome is not None:
+        raise RetractionUnsupported(key, action, transport.name, outcome)
+
+
+READ_BACK_MATCH = "read_back.match"
+READ_BACK_UNAVAILABLE = "read_back.unavailable"
+
+
+def read_back_outcome(transport: Transport, wire: WireRequest, rb: Any) -> str:
+    """The outcome a read-back gives for ``wire``: ``read_back.match`` when it confirms the request
+    (:func:`read_back_confirms`), else ``read_back.differs`` (an object that does not hold what was
+    approved) or ``read_back.not_found``."""
+    if read_back_confirms(transport, wire, rb):
+        return READ_BACK_MATCH
+    return "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
+
+
+def verify_remote_object(store: Store, transport: Transport, key: str, remote_id: str) -> dict[str, Any]:
+    """Read back the object ``remote_id`` a person says intent ``key`` published, before the store accepts
+    it (``resolve --published``): the dispatcher's own read-back and comparison, nothing else.
+
+    Returns the evidence to keep with the resolution (``{"verified": True, "read_back": outcome,
+    "remote_id": ...}``). Raises :class:`NotVerified` when the object does not confirm the intent (not
+    found, a different content: the first differing field and both projections are in ``evidence``) or
+    the transport cannot read objects back; whatever the transport raises when the platform gives no usable
+    answer (e.g. ``HttpTransportError``) propagates: nothing is decided then."""
+    it = store.get(key)
+    wire = wire_request(it)
+    if not transport.capabilities.read_back:
+        raise NotVerified(it.key, remote_id, READ_BACK_UNAVAILABLE)
+    rb = transport.read_back(remote_id)
+    outcome = read_back_outcome(transport, wire, rb)
+    if outcome != READ_BACK_MATCH:
+        raise NotVerified(it.key, remote_id, outcome, read_back_evidence(transport, wire, rb))
+    return {"verified": True, "read_back": outcome, "remote_id": remote_id}
+
+
+MAX_EVIDENCE_BYTES = 16 * 1024
+"""Both projections are kept as evidence up to this size (canonical JSON); past it, only the field."""
+
+
+def read_back_evidence(transport: Transport, wire: WireRequest, rb: Any) -> dict[str, Any] | None:
+    """What a read-back that did not confirm the send showed: the first field that differed and both
+    projections (``atmostonce.projection.Comparison.evidence``), when the transport can say; else ``None``."""
+    compare = getattr(transport, "compare", None)
+    if wire.action == "delete" or not isinstance(rb, Found) or compare is None:
+        return None
+    ev: dict[str, Any] = compare(wire, rb).evidence()
+    try:
+        if len(canonical_json(ev)) > MAX_EVIDENCE_BYTES:
+            ev = {"field": ev["field"]}
+    except (ValueError, TypeError):
+        ev = {"field": ev["field"]}
+    return ev
+
+
+def late_remote_id(store: Store, it: Intent) -> str | None:
+    """The platform object id recorded as late evidence for the intent's current attempt (the one its
+    unknown send belongs to: same generation), newest first; ``None`` when there is none. An id of an
+    earlier attempt or resend epoch is not used: it names another send."""
+    evidence = getattr(store, "evidence", None)
+    if evidence is None:  # a store without late outcomes (docs/conformance.md, features) has no such id
+        return None
+    ids = [
+        e.remote_id
+        for e in evidence(it.key)
+        if e.remote_id is not None and it.generation is not None and e.generation == it.generation
+    ]
+    return ids[-1] if ids else None
 
 
 def _descriptor(transport: Transport, wire: WireRequest) -> dict[str, Any]:
@@ -126,10 +231,23 @@ class Dispatcher:
     """Returns the credential version the worker will send with for an account (``None``: unversioned)."""
     owner: str = "dispatcher"
     """The name this worker presents when it reserves a target's dispatch claim (recorded, seed 003)."""
+    fused: bool | None = None
+    """Two commits per send (docs/design.md#two-durable-points-per-send): ``begin`` and
+    ``authorize_dispatch`` in one transaction before the bytes, the send's success and its read-back
+    in one after. ``None`` (default): fused unless ``work`` or ``crash`` is set (their step
+    boundaries exist only when each move commits on its own); ``False``: every move its own commit.
+    An approval-gated intent always goes step by step (its claim is reserved between the moves).
+    On the fused path a crash hook sees only ``after_authorize`` and ``after_send``."""
 
     def _point(self, name: str) -> None:
         if self.crash is not None:
             self.crash(name)
+
+    def _source_fresh(self, intent: Intent) -> bool:
+        """The freshness fence before ``begin``: an intent resting on a source version that is no
+        longer the head is skipped (``gate.stale_source``), never begun, so it stays queued."""
+        # an intent with a source version has its source id (atmostonce.records.prepare_submission)
+        return intent.source_version is None or self.store.source_head(intent.source_id) == intent.source_version  # type: ignore[arg-type]
 
     def dispatch(self, key: str) -> str:
         """Dispatch ``key`` once; returns the outcome name from the table (e.g. ``read_back.match``).
@@ -138,14 +256,92 @@ class Dispatcher:
         :class:`SimulatedCrash` when the crash hook fires.
         """
         before = self.store.get(key)
+        fused = self.fused if self.fused is not None else (self.work is None and self.crash is None)
+        # a store written before the fused moves (no begin_and_authorize / record_sent) goes step by step
+        fused = fused and hasattr(self.store, "begin_and_authorize") and hasattr(self.store, "record_sent")
+        if fused and not before.requires_approval:
+            return self._dispatch_fused(before)
+        return self._dispatch_stepwise(before)
+
+    def _dispatch_fused(self, before: Intent) -> str:
+        """The hot path: one read, one commit before the bytes, one after (two without read-back)."""
+        wire = wire_request(before)
+        refusal = retraction_refusal(self.transport, wire.action)
+        if refusal is not None:
+            return refusal  # nothing begun: a transport that cannot retract must not try
+        try:
+            with observe.span("authorize", key=before.key):
+                lease, intent = self.store.begin_and_authorize(
+                    before.key,
+                    request_digest=request_digest(wire.body),
+                    lease_seconds=self.config.lease_seconds,
+                    send_lease_seconds=self.config.send_lease_seconds,
+                    descriptor=_descriptor(self.transport, wire),
+                    credential_version=self.credential_version(before.account) if self.credential_version else None,
+                    platform=self.transport.name,
+                    contract_version=getattr(self.transport, "contract_version", None),
+                )
+        except GuardRefused as exc:
+            table = self.store.table
+            if exc.event != "begin" and (exc.guard in table.policy_guards or exc.guard in table.waiting_guards):
+                # rolled back, nothing begun: the step-by-step path names the stop (paused, rate
+                # limited, stale source) or blocks at the gate, exactly as it always has
+                return self._dispatch_stepwise(self.store.get(before.key))
+            raise
+        if wire_request(intent) != wire:
+            # the intent went round (sent, settled, re-queued under new epochs) between the read and
+            # the authorization: nothing was sent, and the recorded descriptor is not this request's
+            gone = NotSent("the intent changed between the read and the authorization")
+            self._record(gone.outcome, lease, reason=gone.reason)
+            return gone.outcome
+        self._point("after_authorize")
+        result = self._send(wire)
+        self._point("after_send")
+        if isinstance(result, (NotSent, Unknown)):
+            self._record(result.outcome, lease, reason=result.reason)
+            return result.outcome
+        assert isinstance(result, Sent), result
+        kw: dict[str, Any] = {}
+        if not self.transport.capabilities.read_back:
+            outcome = READ_BACK_UNAVAILABLE
+            kw["reason"] = READ_BACK_UNAVAILABLE
+        else:
+            with observe.span("read_back", key=before.key, transport=self.transport.name) as sp:
+                rb = self.transport.read_back(result.remote_id)
+                outcome = read_back_outcome(self.transport, wire, rb)
+                observe.set_outcome(sp, outcome)
+            if outcome != READ_BACK_MATCH:
+                kw = {"reason": outcome, "evidence": read_back_evidence(self.transport, wire, rb)}
+        try:
+            self.store.record_sent(
+                lease, remote_id=result.remote_id, response_digest=result.response_digest, read_back=outcome, **kw
+            )
+        except Rejected as exc:
+            # the lease lapsed (the sweeper made the send unknown) or a newer attempt superseded this
+            # one: the platform's answer is kept as evidence, its object id not lost
+            self.store.record_late_outcome(
+                lease,
+                outcome=result.outcome,
+                refused=exc,
+                remote_id=result.remote_id,
+                response_digest=result.response_digest,
+                worker_time=time.time(),
+            )
+            raise
+        return outcome
+
+    def _dispatch_stepwise(self, before: Intent) -> str:
+        """Every move its own commit, with the pre-checks that spend nothing before ``begin``."""
+        key = before.key
         if self.store.kill_switch_engaged(before.account):
             return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
         if self.store.rate_limited(before.account):
             return "gate.rate_limited"  # the account's window is full: wait for the next one, spend nothing
-        if before.source_version is not None and self.store.source_head(before.source_id) != before.source_version:
+        if not self._source_fresh(before):
             return "gate.stale_source"  # the freshness fence: skipped before any expensive work
-        if wire_request(before).action != "create" and not self.transport.capabilities.retract:
-            return "retract.unsupported"  # nothing begun: a transport that cannot retract must not try
+        refusal = retraction_refusal(self.transport, wire_request(before).action)
+        if refusal is not None:
+            return refusal  # nothing begun: a transport that cannot retract must not try
         claim = None
         if before.requires_approval:  # seeds 001-002: an approval of these bytes, then the target's claim
             digest = request_digest(wire_request(before).body)
@@ -155,6 +351,11 @@ class Dispatcher:
                 for a in self.store.approvals(key)
                 if a.state == live and a.request_digest == digest and a.expires_at > now
             ]
+            if usable and self.store.signing_required(before.account):
+                # prefer approvals whose signature checks out; the before-byte write re-checks them
+                # (approval_signature_verified, docs/design.md#signed-approvals)
+                verified = [a for a in usable if self.store.verified_signature_args(a)]
+                usable = verified or usable
             if not usable:
                 return "gate.awaiting_approval"
             try:
@@ -179,16 +380,17 @@ class Dispatcher:
         self._point("after_work")
         wire = wire_request(intent)
         try:
-            self.store.authorize_dispatch(
-                lease,
-                request_digest=request_digest(wire.body),
-                send_lease_seconds=self.config.send_lease_seconds,
-                descriptor=_descriptor(self.transport, wire),
-                credential_version=self.credential_version(intent.account) if self.credential_version else None,
-                platform=self.transport.name,
-                contract_version=getattr(self.transport, "contract_version", None),
-                claim=claim,
-            )
+            with observe.span("authorize", key=key):
+                self.store.authorize_dispatch(
+                    lease,
+                    request_digest=request_digest(wire.body),
+                    send_lease_seconds=self.config.send_lease_seconds,
+                    descriptor=_descriptor(self.transport, wire),
+                    credential_version=self.credential_version(intent.account) if self.credential_version else None,
+                    platform=self.transport.name,
+                    contract_version=getattr(self.transport, "contract_version", None),
+                    claim=claim,
+                )
         except Rejected as exc:
             machines = set(self.store.claim_table.events) | set(self.store.approval_table.events)
             if claim is not None and exc.event in machines and exc.guard != "claim_owner":
@@ -208,7 +410,7 @@ class Dispatcher:
             self.store.block_at_gate(lease, reason=f"gate.blocked:{exc.guard}")
             return "gate.blocked"
         self._point("after_authorize")
-        result = self.transport.send(wire)
+        result = self._send(wire)
         self._point("after_send")
         if isinstance(result, (NotSent, Unknown)):
             # the outcome table names the move that records it (send.not_sent -> record_not_sent, ...)
@@ -217,13 +419,28 @@ class Dispatcher:
         assert isinstance(result, Sent), result
         self._record(result.outcome, lease, remote_id=result.remote_id, response_digest=result.response_digest)
         self._point("after_record_success")
-        rb = self.transport.read_back(result.remote_id)
-        if read_back_confirms(self.transport, wire, rb):
-            self._record("read_back.match", lease)
-            return "read_back.match"
-        reason = "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
-        self._record(reason, lease, reason=reason)
+        if not self.transport.capabilities.read_back:
+            # no way to look at the object: the platform's answer alone is not proof, so the send is
+            # unknown and reconciliation (a lookup by key) or a person settles it
+            self._record(READ_BACK_UNAVAILABLE, lease, reason=READ_BACK_UNAVAILABLE)
+            return READ_BACK_UNAVAILABLE
+        with observe.span("read_back", key=key, transport=self.transport.name) as sp:
+            rb = self.transport.read_back(result.remote_id)
+            reason = read_back_outcome(self.transport, wire, rb)
+            observe.set_outcome(sp, reason)
+        if reason == READ_BACK_MATCH:
+            self._record(reason, lease)
+            return reason
+        self._record(reason, lease, reason=reason, evidence=read_back_evidence(self.transport, wire, rb))
         return reason
+
+    def _send(self, wire: WireRequest) -> Any:
+        """The one send of an authorized attempt, in its span and counted by outcome."""
+        with observe.span("send", key=wire.delivery_key, transport=self.transport.name) as sp:
+            result = self.transport.send(wire)
+            observe.set_outcome(sp, result.outcome)
+        observe.record_send(result.outcome)
+        return result
 
     def _give_back(self, claim: Any) -> None:
         """Release a reservation this dispatch took and will not use (refused if it is no longer ours)."""
@@ -235,9 +452,26 @@ class Dispatcher:
             pass
 
     def _record(self, outcome: str, lease: Lease, **kw: Any) -> Intent:
-        """Record ``outcome`` with the event the table maps it to."""
+        """Record ``outcome`` with the event the table maps it to. When that move is refused (the lease
+        lapsed and the sweeper made the send unknown, or a newer attempt superseded this one), the
+        outcome is kept as evidence on the attempt (``record_late_outcome``) and the refusal is
+        raised: nothing moves, and a platform object id the worker holds is not lost
+        (docs/design.md#late-outcomes-are-evidence)."""
         event = self.store.table.outcomes[outcome].event
-        return getattr(self.store, event)(lease, **kw)
+        try:
+            return getattr(self.store, event)(lease, **kw)  # type: ignore[no-any-return,arg-type]  # every outcome of the table names its event
+        except Rejected as exc:
+            if outcome in self.store.table.late_outcomes:
+                self.store.record_late_outcome(
+                    lease,
+                    outcome=outcome,
+                    refused=exc,
+                    remote_id=kw.get("remote_id"),
+                    response_digest=kw.get("response_digest"),
+                    reason=kw.get("reason"),
+                    worker_time=time.time(),
+                )
+            raise
 
 
 @dataclass
@@ -288,7 +522,10 @@ class Sweeper:
         """Move approvals whose deadline passed (database clock) to ``expired`` (seed 001: expiry is a
         transition). Returns ``{"approvals_expired": n}``."""
         n = 0
-        for a in self.store.due_approvals(self.config.sweep_batch):
+        due = getattr(self.store, "due_approvals", None)
+        if due is None:  # a store without approvals (no claims feature, docs/conformance.md) has none to expire
+            return {"approvals_expired": 0}
+        for a in due(self.config.sweep_batch):
             try:
                 self.store.expire_approval(a)
                 n += 1
@@ -319,6 +556,15 @@ class Reconciler:
             or d.get("reconciler_version") != RECONCILER_VERSION
         )
 
+    def _sent_under(self, it: Intent) -> tuple[int, int]:
+        """The resend and fence epochs of the platform key the intent's current (newest) attempt was sent
+        under, as its attempt row records them; the intent's own epochs when no attempt recorded them."""
+        attempts = self.store.attempts(it.key)
+        current = attempts[-1] if attempts else None
+        if current is None or current.resend_epoch is None:
+            return it.resend_epoch, it.fence_epoch
+        return current.resend_epoch, current.fence_epoch
+
     def reconcile_one(self, it: Intent) -> str:
         """One lookup (or none) for one intent; returns the outcome name it recorded."""
         plan = it.plan
@@ -331,21 +577,30 @@ class Reconciler:
             return "reconcile.budget_spent"
         wire = wire_request(it)
         object_id = it.remote_id if it.remote_id is not None else wire.object_id  # a retraction acts on a known object
+        if (
+            object_id is None
+        ):  # the id a late success of this attempt brought (docs/design.md#late-outcomes-are-evidence)
+            object_id = late_remote_id(self.store, it)
         if object_id is not None and caps.read_back:
             rb = self.transport.read_back(object_id)
             if read_back_confirms(self.transport, wire, rb):
                 self.store.reconcile_found(plan, remote_id=object_id)
                 return "lookup.found"
             self.store.reconcile_not_found(plan)
-            return "lookup.not_found"
+            return "lookup.differs" if isinstance(rb, Found) and wire.action != "delete" else "lookup.not_found"
         if wire.action != "create":  # a key lookup says nothing about a deletion or a correction
             self.store.park_unreconcilable(plan, reason="lookup.unsupported")
             return "lookup.unsupported"
         if not caps.lookup_by_key:
             self.store.park_unreconcilable(plan, reason="lookup.unsupported")
             return "lookup.unsupported"
-        res = self.transport.lookup(it.key, it.resend_epoch)
+        resend_epoch, fence_epoch = self._sent_under(it)
+        res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
         if isinstance(res, Found):
+            if res.body is not None and not self.transport.matches(wire, res):
+                # an object under this key that does not hold what was approved: not a confirmation
+                self.store.reconcile_not_found(plan)
+                return "lookup.differs"
             self.store.reconcile_found(plan, remote_id=res.remote_id)
             return "lookup.found"
         if isinstance(res, Unsupported):
@@ -360,35 +615,61 @@ class Reconciler:
                 if exc.guard != "absence_provable":
                     raise
             # the attempt was begun before a restore: its key may have been rewound, so this
-            # not-found proves nothing (it counts against the budget; exhaustion parks for a human)
-            self.store.reconcile_not_found(plan)
+            # not-found proves nothing (it counts against the budget; exhaustion parks for a human),
+            # and the key it looked up is now tombstoned, so the fence epoch moves on
+            self.store.reconcile_unproven(plan)
             return "lookup.not_found_before_restore"
         self.store.reconcile_not_found(plan)
         return "lookup.not_found"
 
     def run(self, limit: int | None = None) -> dict[str, int]:
-        """Reconcile up to ``limit`` indeterminate intents; returns counts per outcome name."""
+        """Reconcile up to ``limit`` indeterminate intents (default ``config.reconcile_batch``; 0 looks nothing
+        up); returns counts per outcome name. Raises ``IntakeError`` for a negative limit."""
+        limit = self.config.reconcile_batch if limit is None else check_limit(limit)
         out: dict[str, int] = {}
+        if limit == 0:
+            return out
         now = self.store.now()
         for state in self.store.table.states_of_kind("unknown"):
-            for it in self.store.list_intents(state=state, limit=limit or self.config.reconcile_batch):
-                if now - it.updated_at < self.config.reconcile_interval:
+            for it in self.store.list_intents(state=state, limit=limit):
+                wait = self.config.reconcile_interval if it.reconcile_count else self.config.first_look_after
+                if now - it.updated_at < wait:
                     out["deferred"] = out.get("deferred", 0) + 1
                     continue
                 try:
-                    name = self.reconcile_one(it)
+                    with observe.span("lookup", key=it.key, transport=self.transport.name) as sp:
+                        name = self.reconcile_one(it)
+                        observe.set_outcome(sp, name)
                 except Rejected:
                     name = "skipped"
                 except AtMostOnceError:  # the lookup itself failed: no evidence, nothing written
                     name = "lookup.error"
+                if name != "skipped":
+                    observe.record_lookup(name)
                 out[name] = out.get(name, 0) + 1
         return out
+
+
+def backoff_delay(failures: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds to wait after ``failures`` (>= 1) consecutive failures: a ceiling of ``base * 2 ** (failures - 1)``
+    seconds capped at ``cap``, times a jitter factor drawn from ``rng`` uniformly in [0.5, 1), so that
+    workers cut off by one outage do not come back in step (:class:`Worker`, ``atmostonce.service.Outbox``)."""
+    ceiling = min(cap, base * 2.0 ** min(failures - 1, 60))
+    return ceiling * (0.5 + 0.5 * rng.random())
 
 
 class Worker(threading.Thread):
     """A worker thread: claims pending intents from ``keys()`` and dispatches each until ``stop``.
 
-    ``on_result(key, outcome_or_exception)`` observes each dispatch.
+    ``on_result(key, outcome_or_exception)`` observes each dispatch; ``on_error(exception)`` each failed
+    poll. A poll that raises (the database is down, a connection broke) does not end the thread: it
+    waits :meth:`backoff_delay` seconds (exponential from ``backoff_base``, at most ``backoff_max``,
+    jittered by ``seed``'s generator) and polls again; the store reconnects on its next call. Nothing is
+    redispatched by the worker on its own: a dispatch cut off by an outage is left where the store
+    last recorded it, for the sweeper and the reconciler (docs/design.md#the-runtime).
+    ``poll_failures`` counts consecutive failed polls (0 after a good one), ``outages`` all of them.
+    ``wake``: an event that cuts an idle wait short (the outbox sets it when the database notifies that
+    an intent became due, and on stop).
     """
 
     def __init__(
@@ -398,24 +679,58 @@ class Worker(threading.Thread):
         *,
         stop: threading.Event,
         on_result: Callable[[str, Any], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
         seed: int | None = None,
         idle_sleep: float = 0.02,
+        backoff_base: float = 0.05,
+        backoff_max: float = 5.0,
+        wake: threading.Event | None = None,
     ):
         super().__init__(daemon=True)
+        if not 0 < backoff_base <= backoff_max:
+            raise ValueError(f"need 0 < backoff_base <= backoff_max, got {backoff_base!r}, {backoff_max!r}")
         self.dispatcher, self.keys, self.stop_event = dispatcher, keys, stop
         self.on_result = on_result or (lambda k, r: None)
+        self.on_error = on_error or (lambda exc: None)
         self.rng = random.Random(seed)
         self.idle_sleep = idle_sleep
+        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.poll_failures = 0
+        self.outages = 0
+        self.wake = wake
+
+    def backoff_delay(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` (>= 1) consecutive failed polls: a ceiling of
+        ``backoff_base * 2 ** (failures - 1)`` capped at ``backoff_max``, times a jitter factor drawn
+        uniformly from [0.5, 1) so that workers cut off by one outage do not come back in step."""
+        return backoff_delay(failures, self.backoff_base, self.backoff_max, self.rng)
 
     def _exhaust(self, key: str) -> None:
         try:
             self.on_result(key, self.dispatcher.store.exhaust(key).state)
-        except Rejected as exc:
+        except Exception as exc:  # refused, or the store went away: reported; the next round sees the row
             self.on_result(key, exc)
+
+    def _poll(self) -> list[str] | None:
+        """The keys to try this round, or ``None`` after a failed poll (reported, then waited out)."""
+        try:
+            keys = list(self.keys())
+        except Exception as exc:  # the store is unreachable: back off and poll again, never die
+            self.poll_failures += 1
+            self.outages += 1
+            try:
+                self.on_error(exc)
+            finally:
+                self.stop_event.wait(self.backoff_delay(self.poll_failures))
+            return None
+        self.poll_failures = 0
+        return keys
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            keys = list(self.keys())
+            keys = self._poll()
+            if keys is None:
+                continue
             self.rng.shuffle(keys)
             did = False
             for key in keys:
@@ -436,4 +751,13 @@ class Worker(threading.Thread):
                 except Exception as exc:  # a store or platform failure: report it, keep the worker alive
                     self.on_result(key, exc)
             if not did:
-                self.stop_event.wait(self.idle_sleep)
+                self._idle()
+
+    def _idle(self) -> None:
+        """Wait ``idle_sleep`` seconds, or less when ``wake`` is set (a notification that work is due, or a
+        stop: whoever sets ``stop`` sets ``wake`` too); the wake is then taken."""
+        if self.wake is None:
+            self.stop_event.wait(self.idle_sleep)
+            return
+        self.wake.wait(self.idle_sleep)
+        self.wake.clear()

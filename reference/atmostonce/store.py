@@ -12,22 +12,28 @@ the model and the stores cannot drift in what they accept.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from . import identity
+from . import identity, observe
 from .claims import ClaimOperations, claim_args
 from .errors import GuardRefused, IntakeError, Rejected
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RECONCILES,
+    Approval,
     Attempt,
+    Claim,
+    ClaimEntry,
     ClaimLease,
+    Evidence,
     HistoryEntry,
     Intent,
     Lease,
+    OperatorKey,
     Plan,
+    PolicyChange,
     Reconciliation,
     Refusal,
     SourceCapture,
@@ -40,7 +46,11 @@ from .records import (
 )
 from .table import Table
 
-__all__ = ["FENCING_GUARDS", "RETRACTION_PREFIX", "Operations", "Store", "retraction_of"]
+if TYPE_CHECKING:
+    from .audit import AuditChain
+    from .signing import SignedApproval
+
+__all__ = ["FENCING_GUARDS", "RETRACTION_PREFIX", "Operations", "Store", "retraction_of", "superseding_move"]
 
 RETRACTION_PREFIX = "retract."
 """Action kinds of retraction intents: ``retract.delete`` and ``retract.correct``."""
@@ -62,6 +72,49 @@ def retraction_of(intent_or_body: Any) -> dict[str, Any] | None:
 FENCING_GUARDS = ("lease_holder", "restore_epoch_current", "plan_unchanged")
 """Guards whose refusals are recorded: they catch a worker or maintenance pass acting on a stale view."""
 _PRESENTED = ("attempt_token", "generation", "epoch", "plan_generation", "plan_reconcile_count", "plan_epoch")
+
+
+def superseding_move(
+    t: Table, moves: Iterable[tuple[int, str, str | None, int | None]], presented: Mapping[str, Any]
+) -> int | None:
+    """The history ``seq`` of the move that superseded what a refused writer presented, or ``None``.
+
+    ``moves`` are the intent's history rows as ``(seq, event, attempt_token, generation)`` in sequence
+    order; ``presented`` the refused write's fencing arguments. For a plan (``plan_reconcile_count``):
+    the first move after which the plan no longer held, i.e. the lookup that counted past the planned
+    count or the ``begin`` of a newer generation. For a lease: the ``begin`` of the first newer
+    generation, else the move that closed the presented attempt (the sweeper's expiry, say). ``None``
+    when nothing superseded it (a forged token, a restore declared with no move since). Not the
+    newest move: later moves say nothing about why this writer was stale (docs/design.md, "The audit").
+    """
+    moves = list(moves)
+    effects = {name: set(ev.effects) for name, ev in t.events.items()}
+    if "plan_reconcile_count" in presented:
+        planned, gen, counted = presented["plan_reconcile_count"], presented.get("plan_generation"), 0
+        for seq, event, _tok, g in moves:
+            if "count_reconcile" in effects[event]:
+                counted += 1
+                if counted > planned:
+                    return seq
+            if "open_attempt" in effects[event] and g is not None and (gen is None or g > gen):
+                return seq
+        return None
+    token, gen = presented.get("attempt_token"), presented.get("generation")
+    if gen is not None:
+        for seq, event, _tok, g in moves:
+            if "open_attempt" in effects[event] and g is not None and g > gen:
+                return seq
+    if token is not None:
+        for seq, event, tok, _g in moves:
+            if effects[event] & {"close_attempt", "fence_restore"} and tok == token:
+                return seq
+    return None
+
+
+def step_args(args: Any, previous: Intent | None) -> Mapping[str, Any]:
+    """A step's arguments in :meth:`Operations._apply_sequence`: ``args`` itself, or ``args(previous)``."""
+    out: Mapping[str, Any] = args(previous) if callable(args) else args
+    return out
 
 
 def _need_text(name: str, v: Any) -> str:
@@ -118,14 +171,53 @@ class Operations(ClaimOperations):
         fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (seed 003)."""
         key = check_text("key", key, max_chars=256)
         try:
-            return self._apply(event, key, args)
-        except GuardRefused as exc:
-            if exc.guard in FENCING_GUARDS:
+            it = self._apply(event, key, args)
+        except Rejected as exc:
+            observe.log_refusal(exc)  # one record per refused move, counted by guard (docs/operations.md)
+            if isinstance(exc, GuardRefused) and exc.guard in FENCING_GUARDS:
                 self._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
             raise
+        observe.log_move(event, it, args, self.table)  # one record per move: key, event, outcome, attempt, generation
+        return it
 
     def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:  # pragma: no cover
         raise NotImplementedError
+
+    def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:  # pragma: no cover
+        """Apply the moves ``steps`` to ``key`` in one transaction: every move's own conditional write,
+        all committed together or none; a refusal of any move rolls back the ones before it and is
+        raised. Each step is ``(event, args)``, ``args`` a mapping or a function of the intent the
+        previous move returned (:func:`step_args`)."""
+        raise NotImplementedError
+
+    def _moves(self, key: Any, steps: list[tuple[str, Any]]) -> list[Intent]:
+        """:meth:`_move` for several moves in one transaction; a fencing refusal is recorded after the
+        rollback, with what the refused move presented."""
+        key = check_text("key", key, max_chars=256)
+        presented: dict[str, Mapping[str, Any]] = {}
+
+        def remember(event: str, args: Any) -> Any:
+            if not callable(args):
+                presented[event] = args
+                return args
+
+            def build(prev: Intent | None) -> Mapping[str, Any]:
+                presented[event] = args(prev)
+                return presented[event]
+
+            return build
+
+        try:
+            moved = self._apply_sequence(key, [(event, remember(event, args)) for event, args in steps])
+        except Rejected as exc:
+            observe.log_refusal(exc)
+            if isinstance(exc, GuardRefused) and exc.guard in FENCING_GUARDS and exc.event in presented:
+                args = presented[exc.event]
+                self._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
+            raise
+        for (event, _), it in zip(steps, moved, strict=True):
+            observe.log_move(event, it, presented.get(event, {}), self.table)
+        return moved
 
     def reconciliation_results(self, key: str) -> dict[int, Reconciliation]:
         """The current reconciliation record of each of the intent's sends, by ``send_seq`` (the
@@ -172,6 +264,8 @@ class Operations(ClaimOperations):
         if sub.action_kind.startswith(RETRACTION_PREFIX):
             self._check_retraction(sub)
         it, created = self._create(sub)
+        if created:
+            observe.log_move("submit", it, {}, self.table)
         if not created and it.requires_approval != sub.requires_approval:
             raise IntakeError(
                 f"this delivery exists already with requires_approval={it.requires_approval}; "
@@ -282,7 +376,10 @@ class Operations(ClaimOperations):
         credential version, the platform contract version, and the duplicate-text window; for an
         approval-gated intent also, in the same atomic step, the target claim ``claim`` (owner token,
         epoch, lease), its approval (live, binding this digest, account and target) and the target
-        version, which it bumps (seed 001). Raises ``GuardRefused`` naming the first condition that failed; ``IntakeError`` for bad input.
+        version, which it bumps (seed 001); when the account requires signed approvals, the approval's
+        Ed25519 signature by its approver's registered key (``approval_signature_verified``,
+        docs/design.md#signed-approvals). Raises ``GuardRefused`` naming the first condition that failed;
+        ``IntakeError`` for bad input.
         """
         secs = validate_lease_seconds("send_lease_seconds", send_lease_seconds)
         args = (
@@ -297,7 +394,92 @@ class Operations(ClaimOperations):
             }
             | claim_args(claim)
         )
+        # signed approvals: the signature is verified here, in the worker's process, before the one write
+        # whose approval_signature_verified guard holds the row to what was verified (docs/design.md#signed-approvals)
+        args |= self.verified_signature_args(claim)
         return self._move("authorize_dispatch", lease.key, args)
+
+    def begin_and_authorize(
+        self,
+        key: str,
+        *,
+        request_digest: str,
+        lease_seconds: float = 30.0,
+        send_lease_seconds: float = 60.0,
+        descriptor: Mapping[str, Any] | None = None,
+        credential_version: str | None = None,
+        platform: str | None = None,
+        contract_version: str | None = None,
+    ) -> tuple[Lease, Intent]:
+        """:meth:`begin` and :meth:`authorize_dispatch` in one transaction: the before-byte durable
+        point of a send as one commit (docs/design.md#two-durable-points-per-send). Each move is its own
+        conditional write with the table's guards, as when they are called one by one; the two are
+        committed together or not at all, so a refused authorization leaves no attempt behind and
+        spends nothing (the intent stays as it was).
+
+        Returns the lease (``lease_seconds`` until the authorization, then ``send_lease_seconds``,
+        both store-clock seconds) and the authorized intent. Raises ``Rejected`` as ``begin`` or
+        ``authorize_dispatch`` would (``exc.event`` names which move refused), ``IntakeError`` for bad
+        input. For an approval-gated intent use ``begin``, ``reserve_claim`` and ``authorize_dispatch``.
+        """
+        begin_args = {"lease_seconds": validate_lease_seconds("lease_seconds", lease_seconds)}
+        auth_args = {
+            "request_digest": check_text("request_digest", request_digest, max_chars=128),
+            "lease_seconds": validate_lease_seconds("send_lease_seconds", send_lease_seconds),
+            "descriptor": check_json_object("descriptor", descriptor or {}),
+            "credential_version": _optional_text("credential_version", credential_version),
+            "platform": _optional_text("platform", platform),
+            "contract_version": _optional_text("contract_version", contract_version),
+        }
+        leases: list[Lease] = []
+
+        def authorize_args(begun: Intent | None) -> Mapping[str, Any]:
+            assert begun is not None and begun.attempt_token is not None and begun.generation is not None
+            assert begun.lease_expires_at is not None
+            lease = Lease(begun.key, begun.attempt_token, begun.generation, begun.lease_expires_at, begun.epoch or 0)
+            leases.append(lease)
+            return _lease_args(lease) | auth_args
+
+        _, authorized = self._moves(key, [("begin", begin_args), ("authorize_dispatch", authorize_args)])
+        return leases[-1], authorized
+
+    def record_sent(
+        self,
+        lease: Lease,
+        *,
+        remote_id: str,
+        read_back: str,
+        response_digest: str | None = None,
+        reason: str | None = None,
+        evidence: Mapping[str, Any] | None = None,
+    ) -> Intent:
+        """:meth:`record_success` and the read-back's move in one transaction: the outcome of a send
+        as one commit (docs/design.md#two-durable-points-per-send). ``read_back`` is the read-back's
+        outcome name from the table (``read_back.match`` moves by ``confirm_read_back``; ``read_back.differs``,
+        ``read_back.not_found`` or ``read_back.unavailable`` by ``read_back_failed``, with ``reason``
+        and optional ``evidence``, a JSON object). Both moves or neither: a refusal (the lease lapsed,
+        a newer attempt) is raised with nothing written. Raises ``Rejected``, ``IntakeError``."""
+        success = _lease_args(lease) | {
+            "remote_id": _need_text("remote_id", remote_id),
+            "response_digest": response_digest,
+        }
+        outcome = self.table.outcomes.get(read_back)
+        # a read-back's move is one that needs the remote id record_success sets, by the same actor
+        actor = self.table.event("record_success").actor
+        if (
+            outcome is None
+            or outcome.event is None
+            or self.table.event(outcome.event).actor != actor
+            or "remote_id_known" not in self.table.event(outcome.event).guards
+        ):
+            raise IntakeError(f"{read_back!r} is not a read-back outcome")
+        second = _lease_args(lease)
+        if reason is not None:
+            second["reason"] = _need_text("reason", reason)
+        if evidence is not None:
+            second["evidence"] = check_json_object("evidence", evidence)
+        moved = self._moves(lease.key, [("record_success", success), (outcome.event, second)])
+        return moved[-1]
 
     def block_at_gate(self, lease: Lease, *, reason: str) -> Intent:
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
@@ -314,8 +496,13 @@ class Operations(ClaimOperations):
         args = _lease_args(lease)
         return self._move("confirm_read_back", lease.key, args)
 
-    def read_back_failed(self, lease: Lease, *, reason: str) -> Intent:
+    def read_back_failed(self, lease: Lease, *, reason: str, evidence: Mapping[str, Any] | None = None) -> Intent:
+        """The read-back did not confirm the send: ``indeterminate``. ``evidence`` (a JSON object, e.g.
+        ``atmostonce.projection.Comparison.evidence()``: the field that differed and both projections) is
+        kept in the move's history row. Raises ``Rejected`` (fencing guards), ``IntakeError`` for bad input."""
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
+        if evidence is not None:
+            args["evidence"] = check_json_object("evidence", evidence)
         return self._move("read_back_failed", lease.key, args)
 
     def record_not_sent(self, lease: Lease, *, reason: str) -> Intent:
@@ -325,6 +512,61 @@ class Operations(ClaimOperations):
     def record_unknown(self, lease: Lease, *, reason: str) -> Intent:
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
         return self._move("record_unknown", lease.key, args)
+
+    # -- late outcomes (docs/design.md#late-outcomes-are-evidence) ---------------------------------
+    def _record_evidence(self, args: Mapping[str, Any]) -> Evidence:  # pragma: no cover
+        raise NotImplementedError
+
+    def record_late_outcome(
+        self,
+        lease: Lease,
+        *,
+        outcome: str,
+        refused: Rejected,
+        remote_id: str | None = None,
+        response_digest: str | None = None,
+        reason: str | None = None,
+        worker_time: float | None = None,
+    ) -> Evidence:
+        """Keep the outcome of a send whose move was refused (``refused``: the refusal the store raised)
+        as evidence on the attempt ``lease`` names. It moves no state and closes nothing: an unknown
+        send stays unknown, and the reconciler may use a recorded ``remote_id`` for its one read-back.
+
+        ``outcome`` is one of the table's late outcomes (``Table.late_outcomes``: ``send.success``,
+        ``send.not_sent``, ``send.unknown``, ``read_back.*``); ``send.success`` needs ``remote_id``.
+        ``worker_time`` is the worker's wall clock in seconds (context only; the store stamps its own
+        clock as ``recorded_at``). Returns the appended :class:`Evidence`.
+
+        Raises ``IntakeError`` for bad input or an outcome that is not a late outcome,
+        ``UnknownIntent`` (guard ``attempt_exists``) when the lease names no attempt of its intent
+        with that token and generation; writes nothing then.
+        """
+        args = _lease_args(lease)
+        if outcome not in self.table.late_outcomes:
+            raise IntakeError(f"{outcome!r} is not a late outcome; one of {self.table.late_outcomes}")
+        if not isinstance(refused, Rejected) or refused.key != lease.key:
+            raise IntakeError("refused must be the Rejected the store raised for this lease's intent")
+        if outcome == "send.success" and remote_id is None:
+            raise IntakeError("a late send.success carries the platform's remote id")
+        if worker_time is not None and (
+            isinstance(worker_time, bool) or not isinstance(worker_time, (int, float)) or worker_time != worker_time
+        ):
+            raise IntakeError(f"worker_time must be seconds since the epoch, got {worker_time!r}")
+        args |= {
+            "key": check_text("key", lease.key, max_chars=256),
+            "outcome": outcome,
+            "refused_event": check_text("refused event", refused.event, max_chars=128),
+            "refused_by": check_text("refusing guard", refused.guard, max_chars=128),
+            "remote_id": _optional_text("remote_id", remote_id),
+            "response_digest": _optional_text("response_digest", response_digest),
+            "reason": _optional_text("reason", reason),
+            "worker_time": None if worker_time is None else float(worker_time),
+        }
+        return self._record_evidence(args)
+
+    def evidence(self, key: str) -> list[Evidence]:  # pragma: no cover
+        """The intent's late outcomes, in store sequence order (append-only)."""
+        raise NotImplementedError
 
     # -- sweeper --------------------------------------------------------------------------
     def expire_lease(self, intent: Intent) -> Intent:
@@ -346,6 +588,13 @@ class Operations(ClaimOperations):
         args = _plan_args(plan) | {"result": "unknown"}
         return self._move("reconcile_not_found", plan.key, args)
 
+    def reconcile_unproven(self, plan: Plan) -> Intent:
+        """A fenced lookup found nothing, but absence is not provable (an attempt begun before a
+        restore): stays ``indeterminate``, counts a look, and moves the fence epoch on, because the
+        platform now refuses the looked-up key (docs/design.md#a-fence-is-a-tombstone)."""
+        args = _plan_args(plan) | {"result": "unknown"}
+        return self._move("reconcile_unproven", plan.key, args)
+
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
         args = _plan_args(plan) | {"fenced": fenced, "result": "failed"}
         return self._move("reconcile_absent", plan.key, args)
@@ -355,9 +604,14 @@ class Operations(ClaimOperations):
         return self._move("park_unreconcilable", plan.key, args)
 
     # -- retry policy ---------------------------------------------------------------------
-    def retry(self, key: str) -> Intent:
-        """``failed`` back to ``pending``; creates no attempt (the next ``begin`` does)."""
-        return self._move("retry", key, {})
+    def retry(self, key: str, *, operator: str | None = None) -> Intent:
+        """``failed`` back to ``pending``; creates no attempt (the next ``begin`` does). ``operator``: the
+        person who asked for it (console, CLI), kept as the history row's actor and detail; ``None`` for the
+        worker's retry policy. The table's ``retry`` has no ``operator_identified`` guard, so a named but
+        blank operator is refused here, at intake (``IntakeError``)."""
+        if operator is None:
+            return self._move("retry", key, {})
+        return self._move("retry", key, {"operator": _policy_operator(operator)})
 
     def exhaust(self, key: str) -> Intent:
         """Attempt cap reached: park instead of looping."""
@@ -367,8 +621,16 @@ class Operations(ClaimOperations):
     def park(self, key: str, *, operator: str, reason: str = "operator stop") -> Intent:
         return self._move("park", key, {"operator": _operator(operator), "reason": _need_text("reason", reason)})
 
-    def resolve_published(self, key: str, *, operator: str, remote_id: str) -> Intent:
-        args = {"operator": _operator(operator), "remote_id": _need_text("remote_id", remote_id)}
+    def resolve_published(
+        self, key: str, *, operator: str, remote_id: str, evidence: Mapping[str, Any] | None = None
+    ) -> Intent:
+        """A person found the object ``remote_id`` on the platform. ``evidence`` (a JSON object) says how
+        they know, kept in the move's history row: the read-back that verified it
+        (``atmostonce.runtime.verify_remote_object``) or ``{"verified": false, ...}`` for an id the operator
+        asserts without a read-back."""
+        args: dict[str, Any] = {"operator": _operator(operator), "remote_id": _need_text("remote_id", remote_id)}
+        if evidence is not None:
+            args["evidence"] = check_json_object("evidence", evidence)
         return self._move("resolve_published", key, args)
 
     def resolve_not_sent(self, key: str, *, operator: str, reason: str = "operator: not sent") -> Intent:
@@ -379,7 +641,11 @@ class Operations(ClaimOperations):
         return self._move("resend", key, {"operator": _operator(operator)})
 
     # -- policy layer and restores ------------------------------------------------------------
-    def _write_policy(self, kind: str, name: str, value: Any) -> None:  # pragma: no cover
+    # Every setter writes the policy and its row of the policy log in one transaction
+    # (docs/design.md#policy-changes-are-on-the-record). ``operator`` names the person; it is required
+    # where only a person acts (kill switch, text window) and optional (``None``: a program named no one)
+    # on the setters programs and test harnesses call; the CLI and the console always pass one.
+    def _write_policy(self, kind: str, name: str, value: Any, operator: str | None) -> None:  # pragma: no cover
         raise NotImplementedError
 
     def _bump_epoch(self) -> int:  # pragma: no cover
@@ -387,64 +653,105 @@ class Operations(ClaimOperations):
 
     def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None:
         """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (seed 004 M2)."""
-        check_text("operator", operator)
+        who = _policy_operator(operator)
         if scope != "global" and not (isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8):
             raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}")
-        self._write_policy("kill_switches", check_text("scope", scope), bool(engaged))
+        self._write_policy("kill_switches", check_text("scope", scope), bool(engaged), who)
 
-    def _write_rate_limit(self, account: str, max_sends: int | None, window_seconds: float) -> None:  # pragma: no cover
+    def _write_rate_limit(
+        self, account: str, max_sends: int | None, window_seconds: float, operator: str | None
+    ) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def set_rate_limit(self, account: str, max_sends: int | None, *, window_seconds: float = 60.0) -> None:
+    def set_rate_limit(
+        self, account: str, max_sends: int | None, *, window_seconds: float = 60.0, operator: str | None = None
+    ) -> None:
         """At most ``max_sends`` authorized sends for ``account`` per window of ``window_seconds`` (database
         clock; a fixed window that starts at its first send); ``None`` removes the limit. Every path that
         sends reads it: the worker before it begins, the before-byte gate (``rate_limit_clear``) in its one
         conditional write, so a raised cap releases a backlog at the configured rate, not at once
         (seed 004, "Recovery"). Changing the limit keeps the current window's count. Raises ``IntakeError``."""
         check_text("account", account)
+        who = _optional_operator(operator)
         if max_sends is not None:
             max_sends = _positive(max_sends, "max_sends")
         secs = validate_lease_seconds("window_seconds", window_seconds)
-        self._write_rate_limit(account, max_sends, secs)
+        self._write_rate_limit(account, max_sends, secs, who)
 
-    def set_credential_version(self, account: str, version: str | None) -> None:
+    def set_text_window(self, seconds: float, *, operator: str) -> None:
+        """The duplicate-text window (seconds, finite, > 0, at most a year): how far apart two authorized
+        sends of the same normalized text on the same account must be. The ``text_window_clear`` guard reads
+        the stored value in its conditional write; until one is stored, the store's configured default
+        (``text_window_seconds=`` of its constructor, 86400 s). Raises ``IntakeError``."""
+        who = _policy_operator(operator)
+        secs = validate_lease_seconds("text window seconds", seconds)
+        self._write_policy("text_window_seconds", "global", secs, who)
+
+    def policies(self) -> dict[str, Any]:  # pragma: no cover
+        """Every policy the gates read, in one snapshot: ``kill_switches`` (scope -> engaged),
+        ``rate_limits`` (account -> ``max_sends``, ``window_seconds``, ``window_start``, ``used``),
+        ``credentials`` (account -> version), ``contracts`` (platform -> version), ``signing`` (account ->
+        approvals must be signed) and ``text_window_seconds`` (the duplicate-text window)."""
+        raise NotImplementedError
+
+    def policy_changes(self, limit: int = 100) -> list[PolicyChange]:  # pragma: no cover
+        """The newest ``limit`` rows of the policy log, newest first (append-only)."""
+        raise NotImplementedError
+
+    def has_account(self, account: str) -> bool:  # pragma: no cover
+        """Whether any intent of ``account`` is stored."""
+        raise NotImplementedError
+
+    def set_credential_version(self, account: str, version: str | None, *, operator: str | None = None) -> None:
         """The account's current credential version (``None``: no check for this account)."""
-        self._write_policy("credentials", check_text("account", account), _optional_text("version", version))
+        name, who = check_text("account", account), _optional_operator(operator)
+        self._write_policy("credentials", name, _optional_text("version", version), who)
 
-    def set_contract_version(self, platform: str, version: str | None) -> None:
+    def set_contract_version(self, platform: str, version: str | None, *, operator: str | None = None) -> None:
         """The platform contract version workers must have prepared for (``None``: no check)."""
-        self._write_policy("contracts", check_text("platform", platform), _optional_text("version", version))
+        name, who = check_text("platform", platform), _optional_operator(operator)
+        self._write_policy("contracts", name, _optional_text("version", version), who)
+
+    def _declare_restore(self, who: str) -> tuple[int, int]:  # pragma: no cover
+        raise NotImplementedError
 
     def declare_restore(self, *, operator: str) -> tuple[int, int]:
-        """After restoring the database from a backup: bump the restore epoch, so every lease issued
-        before is fenced off, and move every intent that may have been sent after the backup
-        (queued, in flight, failed) to ``indeterminate`` for reconciliation (seed 004 M5).
+        """After restoring the database from a backup: move every store sequence past the data it
+        holds, bump the restore epoch, so every lease issued before is fenced off, and move every intent
+        that may have been sent after the backup (queued, in flight, failed) to ``indeterminate`` for
+        reconciliation (seed 004 M5), all in one transaction: all of it or none (docs/design.md,
+        "Declaring a restore is atomic").
 
-        Returns ``(new epoch, intents fenced)``. Raises ``IntakeError`` without a named operator.
+        Returns ``(new epoch, intents fenced)``. Raises ``IntakeError`` without a named operator,
+        ``StoreError`` when the store fails (nothing is then changed).
         """
         who = check_text("operator", operator, max_chars=256)
-        epoch = self._bump_epoch()
-        fenced = 0
-        for state in self.table.event("restore_fence").sources:
-            while True:
-                batch = self.list_intents(state=state, limit=500)
-                moved = 0
-                for it in batch:
-                    try:
-                        self._move("restore_fence", it.key, {"operator": who, "reason": f"restore epoch {epoch}"})
-                        moved += 1
-                    except Rejected:
-                        pass
-                fenced += moved
-                if not batch or moved == 0:
-                    break
-        return epoch, fenced
+        return self._declare_restore(who)
 
 
 def _positive(v: Any, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 10**9:
         raise IntakeError(f"{name} must be a positive integer, got {v!r}")
     return v
+
+
+def policy_log_row(kind: str, value: Any) -> tuple[str, Any]:
+    """A policy write's ``(kind, value)`` as its policy-log row holds them: the kind is the policy's key in
+    ``policies()``, a switch (kill switch, signing) is logged as its new boolean."""
+    if kind == "signing_policies":
+        return "signing", bool(value)
+    if kind == "kill_switches":
+        return kind, bool(value)
+    return kind, value
+
+
+def _policy_operator(v: Any) -> str:
+    """The person who changes a policy: a name every store can persist, not blank; else ``IntakeError``."""
+    return check_text("operator", v, max_chars=256)
+
+
+def _optional_operator(v: Any) -> str | None:
+    return None if v is None else _policy_operator(v)
 
 
 def _operator(v: Any) -> str:
@@ -464,30 +771,125 @@ def _stale_args(intent: Intent) -> dict[str, Any]:
 
 @runtime_checkable
 class Store(Protocol):
-    """What the runtime, CLI and conformance suite need from a store (model or SQL)."""
+    """What the runtime, the outbox service, the CLI, the audit and the conformance machines need from a store
+    (model or SQL): every method any of them calls (``tests/test_store_protocol.py`` reads their sources and
+    fails on a call that is not declared here). Times are seconds on the store clock; moves raise
+    :class:`~atmostonce.errors.Rejected` (``IllegalMove``, ``GuardRefused``) when the table refuses,
+    ``IntakeError`` for bad input and ``StoreError`` when the database fails. :class:`Operations` implements
+    the public half of it over a store's primitives."""
 
     table: Table
+    approval_table: Table
+    """The approval machine (``spec/approval.toml``)."""
+    claim_table: Table
+    """The per-target claim machine (``spec/claim.toml``)."""
 
-    def submit(self, account: str, action_kind: str, target: str, request: Mapping[str, Any], **kw: Any) -> Intent: ...
+    def submit(
+        self,
+        account: str,
+        action_kind: str,
+        target: str,
+        request: Mapping[str, Any],
+        *,
+        max_attempts: int = ...,
+        max_reconciles: int = ...,
+        source: tuple[str, str] | None = ...,
+        requires_approval: bool = ...,
+    ) -> Intent: ...
     def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease: ...
-    def authorize_dispatch(self, lease: Lease, *, request_digest: str, **kw: Any) -> Intent: ...
+    def authorize_dispatch(
+        self,
+        lease: Lease,
+        *,
+        request_digest: str,
+        send_lease_seconds: float = ...,
+        descriptor: Mapping[str, Any] | None = ...,
+        credential_version: str | None = ...,
+        platform: str | None = ...,
+        contract_version: str | None = ...,
+        claim: ClaimLease | None = ...,
+    ) -> Intent: ...
+    def begin_and_authorize(
+        self,
+        key: str,
+        *,
+        request_digest: str,
+        lease_seconds: float = ...,
+        send_lease_seconds: float = ...,
+        descriptor: Mapping[str, Any] | None = ...,
+        credential_version: str | None = ...,
+        platform: str | None = ...,
+        contract_version: str | None = ...,
+    ) -> tuple[Lease, Intent]: ...
     def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent: ...
+    def record_sent(
+        self,
+        lease: Lease,
+        *,
+        remote_id: str,
+        read_back: str,
+        response_digest: str | None = ...,
+        reason: str | None = ...,
+        evidence: Mapping[str, Any] | None = ...,
+    ) -> Intent: ...
     def confirm_read_back(self, lease: Lease) -> Intent: ...
-    def read_back_failed(self, lease: Lease, *, reason: str) -> Intent: ...
+    def read_back_failed(self, lease: Lease, *, reason: str, evidence: Mapping[str, Any] | None = None) -> Intent: ...
     def record_not_sent(self, lease: Lease, *, reason: str) -> Intent: ...
     def record_unknown(self, lease: Lease, *, reason: str) -> Intent: ...
     def expire_lease(self, intent: Intent) -> Intent: ...
     def abandon_attempt(self, intent: Intent) -> Intent: ...
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent: ...
     def reconcile_not_found(self, plan: Plan) -> Intent: ...
+    def reconcile_unproven(self, plan: Plan) -> Intent: ...
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent: ...
     def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent: ...
-    def retry(self, key: str) -> Intent: ...
+    def retry(self, key: str, *, operator: str | None = None) -> Intent: ...
     def exhaust(self, key: str) -> Intent: ...
     def park(self, key: str, *, operator: str, reason: str = ...) -> Intent: ...
-    def resolve_published(self, key: str, *, operator: str, remote_id: str) -> Intent: ...
+    def resolve_published(
+        self, key: str, *, operator: str, remote_id: str, evidence: Mapping[str, Any] | None = None
+    ) -> Intent: ...
     def resolve_not_sent(self, key: str, *, operator: str, reason: str = ...) -> Intent: ...
     def resend(self, key: str, *, operator: str) -> Intent: ...
+    def block_at_gate(self, lease: Lease, *, reason: str) -> Intent: ...
+    def submit_retraction(
+        self, key: str, *, correction: Mapping[str, Any] | None = ..., max_attempts: int = ...
+    ) -> Intent: ...
+
+    # approvals and per-target dispatch claims (seeds 001 to 003)
+    def approve(
+        self,
+        key: str,
+        *,
+        approver: str,
+        expires_in: float | None = ...,
+        request_digest: str | None = ...,
+        target_version: int | None = ...,
+        signed: SignedApproval | None = ...,
+    ) -> Approval: ...
+    def approve_signed(
+        self, key: str, *, approver: str, expires_in: float, private_key: Any, target_version: int | None = ...
+    ) -> Approval: ...
+    def approval(self, approval_id: str) -> Approval: ...
+    def approvals(self, key: str) -> list[Approval]: ...
+    def due_approvals(self, limit: int = 100) -> list[Approval]: ...
+    def expire_approval(self, approval: Approval) -> Approval: ...
+    def withdraw_approval(self, approval_id: str, *, operator: str, reason: str | None = None) -> Approval: ...
+    def reserve_claim(
+        self, key: str, *, approval_id: str, request_digest: str, owner: str, lease_seconds: float = ...
+    ) -> ClaimLease: ...
+    def release_claim(self, lease: ClaimLease) -> Claim: ...
+    def claim(self, target: str) -> Claim | None: ...
+    def claim_log(self, target: str) -> list[ClaimEntry | Refusal]: ...
+    def signing_required(self, account: str) -> bool: ...
+    def set_signing_required(self, account: str, required: bool, *, operator: str | None = None) -> None: ...
+    def add_operator_key(self, operator: str, public_key: str, *, added_by: str) -> OperatorKey: ...
+    def verified_signature_args(self, claim: Any) -> dict[str, Any]: ...
+
+    # the audit (atmostonce.audit.verify_store)
+    def audit_keys(self) -> list[str]: ...
+    def audit_chain(self, key: str) -> AuditChain: ...
+    def audit_orphans(self) -> list[str]: ...
 
     def get(self, key: str) -> Intent: ...
     def find(self, key: str) -> Intent | None: ...
@@ -497,17 +899,36 @@ class Store(Protocol):
     def attempts(self, key: str) -> list[Attempt]: ...
     def reconciliations(self, key: str) -> list[Reconciliation]: ...
     def refusals(self, key: str) -> list[Refusal]: ...
+    def record_late_outcome(
+        self,
+        lease: Lease,
+        *,
+        outcome: str,
+        refused: Rejected,
+        remote_id: str | None = ...,
+        response_digest: str | None = ...,
+        reason: str | None = ...,
+        worker_time: float | None = ...,
+    ) -> Evidence: ...
+    def evidence(self, key: str) -> list[Evidence]: ...
     def due_leases(self, limit: int = 100) -> list[Intent]: ...
     def claimable(self, limit: int = 100) -> list[str]: ...
     def kill_switch_engaged(self, account: str) -> bool: ...
     def rate_limited(self, account: str) -> bool: ...
-    def set_rate_limit(self, account: str, max_sends: int | None, *, window_seconds: float = ...) -> None: ...
+    def set_rate_limit(
+        self, account: str, max_sends: int | None, *, window_seconds: float = ..., operator: str | None = ...
+    ) -> None: ...
+    def set_text_window(self, seconds: float, *, operator: str) -> None: ...
+    def policy_changes(self, limit: int = ...) -> list[PolicyChange]: ...
     def current_epoch(self) -> int: ...
     def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None: ...
-    def set_credential_version(self, account: str, version: str | None) -> None: ...
-    def set_contract_version(self, platform: str, version: str | None) -> None: ...
+    def policies(self) -> dict[str, Any]: ...
+    def has_account(self, account: str) -> bool: ...
+    def set_credential_version(self, account: str, version: str | None, *, operator: str | None = ...) -> None: ...
+    def set_contract_version(self, platform: str, version: str | None, *, operator: str | None = ...) -> None: ...
     def declare_restore(self, *, operator: str) -> tuple[int, int]: ...
     def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture: ...
     def source_head(self, source_id: str) -> str | None: ...
+    def total_attempts(self) -> int: ...
     def now(self) -> float: ...
     def close(self) -> None: ...

@@ -150,6 +150,31 @@ class Table:
         return MappingProxyType({g.name: g.refusal_outcome for g in self.guards.values() if g.refusal_outcome})
 
     @property
+    def late_outcomes(self) -> tuple[str, ...]:
+        """Outcomes a worker may present as evidence after its move was refused: those recorded by a
+        worker's move out of an in-flight state (the send's and the read-back's results). Derived from
+        the events and states, so a new send outcome is covered without a list to keep."""
+        return tuple(
+            o.name
+            for o in self.outcomes.values()
+            if o.event is not None
+            and self.events[o.event].actor == "worker"
+            and any(self.states[s].kind == "in_flight" for s in self.events[o.event].sources)
+        )
+
+    @property
+    def outcome_events(self) -> tuple[str, ...]:
+        """A worker's moves out of an in-flight state: the send's outcome and its read-back's. Losing one
+        leaves the intent in flight under its lease, whose expiry makes the send unknown, which the
+        reconciler settles; such a move may commit without waiting for the disk, where the authorization
+        before the bytes never may (docs/design.md#two-durable-points-per-send)."""
+        return tuple(
+            e.name
+            for e in self.events.values()
+            if e.actor == "worker" and e.sources and all(self.states[s].kind == "in_flight" for s in e.sources)
+        )
+
+    @property
     def retryable_states(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.states.values() if s.retryable)
 

@@ -13,20 +13,30 @@ Result shapes:
 * :class:`Unknown` (``reason``): bytes may have left and no usable answer came.
 
 ``read_back(remote_id)`` returns :class:`Found` (with the object's canonical
-body) or :class:`NotFound`. ``lookup(key)`` returns :class:`Found`,
-:class:`NotFound` or :class:`Unsupported`.
+body) or :class:`NotFound`. ``lookup(key, resend_epoch, fence_epoch)`` looks up the platform
+idempotency key those compose (:func:`atmostonce.identity.platform_idempotency_key`, the key the
+send went out under) and returns :class:`Found`, :class:`NotFound` or :class:`Unsupported`.
 
 A transport must never retry on its own (seed 004 M3): one ``send`` call puts
 at most one request on the wire.
+
+:class:`AsyncTransport` is the same protocol for asyncio programs: ``send``, ``read_back`` and ``lookup``
+are awaited, ``aclose`` closes it. A send task cancelled after authorization may already have written its
+bytes, so it is never "not sent": whoever holds the send's lease records :func:`cancelled_send`, an
+:class:`Unknown` (docs/design.md#the-outbox-service).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from .identity import platform_idempotency_key
+
 __all__ = [
+    "AsyncTransport",
+    "CANCELLED_SEND",
     "Capabilities",
     "Found",
     "LookupResult",
@@ -39,12 +49,27 @@ __all__ = [
     "Unknown",
     "Unsupported",
     "WireRequest",
+    "cancelled_send",
 ]
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a transport can do. ``fenced_lookup``: a not-found lookup proves absence."""
+    """What a transport can do.
+
+    ``fenced_lookup``: a not-found answer of ``lookup`` proves absence. A transport may declare it
+    only for a platform that keeps a **tombstone**: once its lookup has answered "absent" for an
+    idempotency key, the platform refuses every later create carrying that key (one still in the
+    network, a stale worker's, a proxy's replay). For ever; or for a retention R the platform
+    documents, and then only if the platform also refuses, by its own clock, any create carrying the
+    key that is older than R (a request-age bound it enforces, e.g. a signed timestamp), so that
+    tombstone and age bound together still refuse every late create. The runtime cannot bound how
+    long a network holds a request, so it has nothing else to respect: the declaration is the
+    platform's promise. A lookup that fences only the requests that had already arrived proves
+    nothing (docs/design.md, "A fence is a tombstone"). The retry after a fenced absence goes out
+    under a fresh key (``WireRequest.fence_epoch``): the tombstone refuses the late original, not
+    the retry.
+    """
 
     read_back: bool = True
     lookup_by_key: bool = False
@@ -66,11 +91,16 @@ class WireRequest:
     action: str = "create"
     """``create`` (a new object), or for a retraction ``delete`` / ``correct`` the object ``object_id``."""
     object_id: str | None = None
+    fence_epoch: int = 0
+    """Bumped by each fenced absence (``reconcile_absent``): the retry after it goes out under a key the
+    platform has not tombstoned (docs/design.md, "A fence is a tombstone")."""
 
     @property
     def idempotency_key(self) -> str:
-        """Delivery key plus resend epoch: an operator re-send must not be deduplicated away (issue 4)."""
-        return self.delivery_key if self.resend_epoch == 0 else f"{self.delivery_key}.r{self.resend_epoch}"
+        """The platform idempotency key (:func:`atmostonce.identity.platform_idempotency_key`): the
+        delivery key plus the resend epoch (an operator re-send must not be deduplicated away) and
+        the fence epoch (a retry after a fenced absence must not meet the tombstone)."""
+        return platform_idempotency_key(self.delivery_key, self.resend_epoch, self.fence_epoch)
 
 
 @dataclass(frozen=True)
@@ -123,6 +153,33 @@ class Transport(Protocol):
 
     def send(self, request: WireRequest) -> SendResult: ...
     def read_back(self, remote_id: str) -> ReadBackResult: ...
-    def lookup(self, delivery_key: str, resend_epoch: int = 0) -> LookupResult: ...
+    def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> LookupResult: ...
     def matches(self, request: WireRequest, found: Found) -> bool: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncTransport(Protocol):
+    """:class:`Transport` for asyncio: the same results, awaited. ``send`` never retries (one await, at most
+    one request on the wire) and lets a cancellation propagate unclassified (see :func:`cancelled_send`)."""
+
+    name: str
+    protocol_version: int
+    capabilities: Capabilities
+
+    def send(self, request: WireRequest) -> Awaitable[SendResult]: ...
+    def read_back(self, remote_id: str) -> Awaitable[ReadBackResult]: ...
+    def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> Awaitable[LookupResult]: ...
+    def matches(self, request: WireRequest, found: Found) -> bool: ...
+    def aclose(self) -> Awaitable[None]: ...
+
+
+CANCELLED_SEND = "send cancelled after authorization: bytes may have left"
+"""The reason recorded for a send whose task was cancelled (:func:`cancelled_send`)."""
+
+
+def cancelled_send(detail: str = "") -> Unknown:
+    """What a send whose task was cancelled after authorization is: :class:`Unknown` (the table's
+    ``send.unknown``), never :class:`NotSent`. A cancelled await may have written the request's bytes and the
+    platform may have acted on them; only a look at the platform (reconciliation) or a person settles it."""
+    return Unknown(CANCELLED_SEND + (f" ({detail})" if detail else ""))

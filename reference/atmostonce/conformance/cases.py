@@ -26,19 +26,30 @@ from typing import Any
 from ..table import spec_dir
 
 __all__ = [
+    "BUNDLE_FILE",
     "MATCHERS",
+    "Bundle",
+    "bundle",
+    "bundle_digest",
     "NON_CASE_FILES",
     "Case",
     "CaseError",
     "cases_dir",
     "load_cases",
+    "vector_cases",
     "load_schema",
     "match",
     "resolve",
     "validate_document",
 ]
 
-NON_CASE_FILES = frozenset({"case.schema.json", "verification_items.json"})
+VECTOR_FILE = "identity_vectors.json"
+BUNDLE_FILE = "bundle.json"
+NON_CASE_FILES = frozenset({"case.schema.json", "verification_items.json", VECTOR_FILE, BUNDLE_FILE})
+VECTOR_RULES = {
+    "delivery": "004 Idempotency identity: test vectors (delivery key, request digest, text key)",
+    "source": "004 Idempotency identity: test vectors (source version)",
+}
 MATCHERS = ("==", "!=", ">", ">=", "<", "<=", "len", "prefix", "contains", "not_contains", "distinct_by")
 
 
@@ -71,7 +82,8 @@ def cases_dir() -> Path:
 def load_schema(folder: Path | None = None) -> dict[str, Any]:
     path = (folder or cases_dir()) / "case.schema.json"
     try:
-        return json.loads(path.read_text("utf-8"))
+        schema: dict[str, Any] = json.loads(path.read_text("utf-8"))
+        return schema
     except (OSError, json.JSONDecodeError) as exc:
         raise CaseError(f"cannot read the case schema {path}: {exc}") from exc
 
@@ -131,7 +143,101 @@ def load_cases(folder: Path | str | None = None, *, validate: bool = True) -> li
                     source=rel,
                 )
             )
+    vectors = root / VECTOR_FILE
+    if vectors.exists():
+        for case in vector_cases(vectors):
+            if case.id in seen:
+                raise CaseError(f"case id {case.id!r} appears in {seen[case.id]} and {VECTOR_FILE}")
+            seen[case.id] = VECTOR_FILE
+            out.append(case)
     return out
+
+
+def vector_cases(path: Path) -> list[Case]:
+    """One case per identity test vector (``identity_vectors.json``): a delivery vector is submitted
+    and its intent must carry the vector's ``key``, ``request_digest`` and ``text_hash``; a source
+    vector is captured and must give its ``version``. Every vector runs on a fresh implementation."""
+    try:
+        doc = json.loads(path.read_text("utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CaseError(f"{VECTOR_FILE}: {exc}") from exc
+    if not isinstance(doc, Mapping) or doc.get("format") != 1:
+        raise CaseError(f"{VECTOR_FILE}: expected an object with format 1")
+    out: list[Case] = []
+    try:
+        for v in doc.get("delivery", ()):
+            args = {k: v[k] for k in ("account", "action_kind", "target", "request")}
+            want = {"key": v["delivery_key"], "request_digest": v["request_digest"], "text_hash": v["text_key"]}
+            step = {"op": "submit", "args": args, "expect": {"accepted": True, "result": want}}
+            out.append(_vector_case(v, "delivery", step))
+        for v in doc.get("source", ()):
+            args = {"source_id": v["source_id"], "body": v["body"]}
+            step = {
+                "op": "capture_source",
+                "args": args,
+                "expect": {"accepted": True, "result": {"version": v["source_version"]}},
+            }
+            out.append(_vector_case(v, "source", step))
+    except (KeyError, TypeError) as exc:
+        raise CaseError(f"{VECTOR_FILE}: a vector lacks {exc}") from exc
+    return out
+
+
+def _vector_case(v: Mapping[str, Any], kind: str, step: Mapping[str, Any]) -> Case:
+    what = "delivery key, digest and text key" if kind == "delivery" else "source version"
+    return Case(
+        id=f"identity-vector-{v['id']}",
+        description=f"{what} of vector {v['id']}: {v['description']}"[:99],
+        rule=VECTOR_RULES[kind],
+        steps=(step,),
+        source=VECTOR_FILE,
+    )
+
+
+# ------------------------------------------------------------------------------ the bundle
+@dataclass(frozen=True)
+class Bundle:
+    """The case bundle's pinned version (``bundle.json``) and whether the files still match it.
+
+    ``digest`` is the pinned SHA-256 over every file of the bundle (the case files, the schema, the
+    identity vectors and the verification items, in path order, each as its path, a NUL, its bytes and
+    a NUL); ``actual`` is that digest over the files as they are now. A claim of conformance names
+    ``version``; ``modified`` says the cases were changed since it was pinned."""
+
+    version: str
+    format: int
+    digest: str
+    actual: str
+    cases: int
+
+    @property
+    def modified(self) -> bool:
+        return self.digest != self.actual
+
+    def line(self) -> str:
+        tail = " (modified since it was pinned)" if self.modified else ""
+        return f"atmostonce conformance bundle {self.version} (case format {self.format}, {self.cases} cases, sha256 {self.actual[:16]}){tail}"
+
+
+def bundle_digest(folder: Path | None = None) -> str:
+    import hashlib
+
+    root = folder or cases_dir()
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*.json") if p.name != BUNDLE_FILE):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def bundle(folder: Path | str | None = None) -> Bundle:
+    """The bundle under ``folder`` (default :func:`cases_dir`). Raises :class:`CaseError` without a ``bundle.json``."""
+    root = Path(folder) if folder is not None else cases_dir()
+    try:
+        doc = json.loads((root / BUNDLE_FILE).read_text("utf-8"))
+        version, fmt, digest = str(doc["version"]), int(doc["format"]), str(doc["digest"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CaseError(f"no readable {BUNDLE_FILE} under {root}: {exc}") from exc
+    return Bundle(version, fmt, digest, bundle_digest(root), len(load_cases(root)))
 
 
 # ------------------------------------------------------------------------------ references
@@ -184,12 +290,12 @@ def _num(v: Any) -> bool:
 
 def _cmp(op: str, want: Any, got: Any) -> bool:
     if op == "==":
-        return got == want
+        return bool(got == want)
     if op == "!=":
-        return got != want
+        return bool(got != want)
     if not (_num(want) and _num(got)):
         return False
-    return {">": got > want, ">=": got >= want, "<": got < want, "<=": got <= want}[op]
+    return bool({">": got > want, ">=": got >= want, "<": got < want, "<=": got <= want}[op])
 
 
 def match(expected: Any, actual: Any, where: str = "") -> list[str]:

@@ -12,18 +12,18 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from .cases import CaseError, load_cases
-from .drivers import Driver, DriverError, StoreDriver, SubprocessDriver
+from .cases import Case, CaseError, bundle, load_cases
+from .drivers import FEATURES, Driver, DriverError, StoreDriver, SubprocessDriver
 
-__all__ = ["add_arguments", "driver_for_impl", "load_factory", "run_cli"]
+__all__ = ["add_arguments", "driver_for_impl", "load_factory", "run_cli", "select"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    target = p.add_mutually_exclusive_group(required=True)
+    target = p.add_mutually_exclusive_group()
     target.add_argument(
         "--driver",
         metavar="COMMAND",
@@ -38,6 +38,25 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report here")
     p.add_argument("--case", dest="case_ids", action="append", metavar="ID", help="run only this case (repeatable)")
     p.add_argument("--rule", metavar="TEXT", help="run only cases whose seed rule contains TEXT")
+    p.add_argument(
+        "--feature",
+        dest="features",
+        action="append",
+        choices=FEATURES,
+        help="run only cases needing this feature (store: the cases needing no other feature; repeatable)",
+    )
+    p.add_argument(
+        "--file",
+        dest="files",
+        action="append",
+        metavar="FILE",
+        help="run only the cases of this case file, e.g. guards.json (repeatable)",
+    )
+    p.add_argument(
+        "--bundle-version",
+        action="store_true",
+        help="print the case bundle's version and digest and exit (1 when the cases differ from the pinned bundle)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a --driver may take per answer")
     p.add_argument("--verbose", "-v", action="store_true", help="list passing cases too")
     return p
@@ -74,7 +93,8 @@ def load_factory(spec: str) -> Any:
     return obj
 
 
-def _is_driver(obj: Any) -> bool:
+def _is_driver(obj: Any) -> TypeGuard[Driver]:
+    """A :class:`Driver`, or any object with its three methods (duck-typed drivers are used as is)."""
     return isinstance(obj, Driver) or all(callable(getattr(obj, m, None)) for m in ("reset", "call", "advance"))
 
 
@@ -96,22 +116,61 @@ def driver_for_impl(spec: str | Callable[[], Any]) -> tuple[Driver, Callable[[],
     return StoreDriver(factory, name=name, first=first), factory
 
 
+def select(
+    cases: Sequence[Case],
+    *,
+    ids: Sequence[str] | None = None,
+    rule: str | None = None,
+    features: Sequence[str] | None = None,
+    files: Sequence[str] | None = None,
+) -> list[Case]:
+    """The cases every given filter keeps (each filter takes any of its values). ``features``: cases
+    needing that feature (``store``: those needing no other one). ``files``: a case file's name or its path
+    under the case folder. Raises ``ValueError`` for an unknown case id or file."""
+    out = list(cases)
+    if ids:
+        unknown = set(ids) - {c.id for c in out}
+        if unknown:
+            raise ValueError(f"no such case: {', '.join(sorted(unknown))}")
+        out = [c for c in out if c.id in ids]
+    if files:
+        known = {c.source for c in cases} | {Path(c.source).name for c in cases}
+        unknown = set(files) - known
+        if unknown:
+            raise ValueError(f"no such case file: {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
+        out = [c for c in out if c.source in files or Path(c.source).name in files]
+    if rule:
+        out = [c for c in out if rule.lower() in c.rule.lower()]
+    if features:
+        out = [c for c in out if any((f == "store" and not c.requires) or f in c.requires for f in features)]
+    return out
+
+
 def run_cli(args: Sequence[str] | argparse.Namespace | None = None) -> int:
     """``atmostonce conformance ...``: takes an argv list (or a namespace from :func:`add_arguments`)."""
     ns = args if isinstance(args, argparse.Namespace) else _parser().parse_args(args)
+    folder = Path(ns.cases) if ns.cases else None
+    if getattr(ns, "bundle_version", False):
+        try:
+            b = bundle(folder)
+        except CaseError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        print(b.line())
+        return EXIT_FAILED if b.modified else EXIT_OK
+    if not (ns.driver or ns.impl):
+        print("error: give --driver COMMAND or --impl MODULE:FACTORY (or --bundle-version)", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        cases = load_cases(Path(ns.cases) if ns.cases else None)
+        cases = load_cases(folder)
     except CaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if ns.case_ids:
-        unknown = set(ns.case_ids) - {c.id for c in cases}
-        if unknown:
-            print(f"error: no such case: {', '.join(sorted(unknown))}", file=sys.stderr)
-            return EXIT_USAGE
-        cases = [c for c in cases if c.id in ns.case_ids]
-    if ns.rule:
-        cases = [c for c in cases if ns.rule.lower() in c.rule.lower()]
+    try:
+        cases = select(cases, ids=ns.case_ids, rule=ns.rule, features=ns.features, files=ns.files)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if not cases:
         print("error: no case selected", file=sys.stderr)
         return EXIT_USAGE
@@ -126,6 +185,10 @@ def run_cli(args: Sequence[str] | argparse.Namespace | None = None) -> int:
         report = run_suite(driver, cases)
     finally:
         driver.close()
+    try:
+        report.bundle = bundle(folder).line()
+    except CaseError:
+        report.bundle = None
     print(report.summary(verbose=ns.verbose))
     if ns.junit:
         Path(ns.junit).write_text(report.junit_xml(), "utf-8")

@@ -30,15 +30,19 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any, TypeVar
 
 from ..errors import AtMostOnceError, IntakeError, Rejected
 from ..records import Approval, ClaimLease, Intent, Lease, Plan
 from ..runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper
 from .platform import PLATFORM_FAULTS, ScriptedPlatform
 
+_T = TypeVar("_T")
+
 __all__ = [
     "CLAIM_OPS",
+    "EVIDENCE_OPS",
+    "FEATURES",
     "RUNTIME_OPS",
     "STORE_OPS",
     "Driver",
@@ -49,6 +53,7 @@ __all__ = [
     "StoreDriver",
     "SubprocessDriver",
     "encode",
+    "features_of",
 ]
 
 TRANSITION_OPS = (
@@ -65,6 +70,7 @@ TRANSITION_OPS = (
     "abandon_attempt",
     "reconcile_found",
     "reconcile_not_found",
+    "reconcile_unproven",
     "reconcile_absent",
     "park_unreconcilable",
     "retry",
@@ -103,6 +109,7 @@ RUNTIME_OPS = ("configure_platform", "dispatch", "dispatch_pending", "sweep", "r
 
 CLAIM_OPS = (
     "approve",
+    "set_signing_required",
     "reserve_claim",
     "release_claim",
     "withdraw_approval",
@@ -115,6 +122,39 @@ CLAIM_OPS = (
 )
 """Operations of drivers with the ``claims`` feature (approvals and per-target claims, seeds 001-003);
 with it, ``submit`` takes ``requires_approval`` and ``authorize_dispatch`` a ``claim``."""
+
+
+EVIDENCE_OPS = ("record_late_outcome", "evidence")
+"""Operations of drivers with the ``evidence`` feature: a refused outcome kept on its attempt, and the
+intent's late outcomes (docs/design.md#late-outcomes-are-evidence). ``record_late_outcome`` takes the
+``lease``, the ``outcome``, the refusal as ``refused_event`` / ``refused_by``, and optional ``remote_id``,
+``response_digest``, ``reason`` and ``worker_time``."""
+
+
+FEATURES = ("store", "runtime", "claims", "evidence")
+"""The features a case may require (docs/conformance.md): ``store`` is the core every driver has."""
+
+_FEATURE_OPS = {"claims": CLAIM_OPS, "evidence": EVIDENCE_OPS}
+_METHOD_OF = {"settings": "text_window_seconds"}
+"""Operations answered by a store member of another name (the rest call the method named like the operation)."""
+
+
+def features_of(impl: Any) -> frozenset[str]:
+    """The features an implementation (an :class:`Implementation`, a ``StoreUnderTest``, ...) declares,
+    else those its store has every method for: ``store`` and ``runtime`` always, ``claims`` and
+    ``evidence`` when the store has each of their operations."""
+    declared = getattr(impl, "features", None)
+    if declared is not None:
+        unknown = set(declared) - set(FEATURES)
+        if unknown:
+            raise DriverError(f"unknown features {sorted(unknown)}; known: {', '.join(FEATURES)}")
+        return frozenset(declared) | {"store"}
+    store = getattr(impl, "store", None)
+    found = {"store", "runtime"}
+    for feature, ops in _FEATURE_OPS.items():
+        if all(callable(getattr(store, _METHOD_OF.get(op, op), None)) for op in ops):
+            found.add(feature)
+    return frozenset(found)
 
 
 class DriverError(AtMostOnceError):
@@ -160,14 +200,14 @@ def encode(value: Any) -> Any:
     return value
 
 
-def _decode(cls: type, value: Any, what: str) -> Any:
+def _decode(cls: type[_T], value: Any, what: str) -> _T:
     """A dataclass from its JSON object; missing fields take their default (or ``None``)."""
     if isinstance(value, cls):
         return value
     if not isinstance(value, Mapping):
         raise IntakeError(f"{what} must be a JSON object, got {type(value).__name__}")
     kw = {}
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # only dataclasses are decoded
         if f.name in value:
             kw[f.name] = value[f.name]
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -228,6 +268,7 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
     "abandon_attempt": lambda s, a: s.abandon_attempt(_intent(a)),
     "reconcile_found": lambda s, a: s.reconcile_found(_plan(a), remote_id=a.get("remote_id")),
     "reconcile_not_found": lambda s, a: s.reconcile_not_found(_plan(a)),
+    "reconcile_unproven": lambda s, a: s.reconcile_unproven(_plan(a)),
     "reconcile_absent": lambda s, a: s.reconcile_absent(_plan(a), fenced=a.get("fenced")),
     "park_unreconcilable": lambda s, a: s.park_unreconcilable(_plan(a), reason=a.get("reason", "lookup.unsupported")),
     "retry": lambda s, a: s.retry(a.get("key")),
@@ -276,13 +317,25 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
         **_opt(a, "lease_seconds"),
     ),
     "release_claim": lambda s, a: s.release_claim(_decode(ClaimLease, a.get("claim"), "claim")),
-    "withdraw_approval": lambda s, a: s.withdraw_approval(a.get("approval_id"), operator=a.get("operator")),
+    "set_signing_required": lambda s, a: _none(s.set_signing_required(a.get("account"), a.get("required"))),
+    "withdraw_approval": lambda s, a: s.withdraw_approval(
+        a.get("approval_id"), operator=a.get("operator"), **_opt(a, "reason")
+    ),
     "expire_approval": lambda s, a: s.expire_approval(_decode(Approval, a.get("approval"), "approval")),
     "claim": lambda s, a: s.claim(a.get("target")) or {},
     "approval": lambda s, a: s.approval(a.get("approval_id")),
     "approvals": lambda s, a: _items(s.approvals(a.get("key"))),
     "claim_history": lambda s, a: _items(s.claim_history(a.get("target"))),
     "due_approvals": lambda s, a: _items(s.due_approvals(a.get("limit", 1000))),
+    # feature "evidence"
+    "record_late_outcome": lambda s, a: s.record_late_outcome(
+        _lease(a),
+        outcome=a.get("outcome"),
+        # a case that leaves one out fails as a store would fail it
+        refused=Rejected(a.get("refused_event"), _lease(a).key, a.get("refused_by"), None),  # type: ignore[arg-type]
+        **_opt(a, "remote_id", "response_digest", "reason", "worker_time"),
+    ),
+    "evidence": lambda s, a: _items(s.evidence(a.get("key"))),
 }
 
 
@@ -311,6 +364,9 @@ class Implementation:
     store: Any
     advance: Callable[[float], None]
     close: Callable[[], None] = lambda: None
+    features: frozenset[str] | None = None
+    """What the implementation has, of :data:`FEATURES` (``store`` always); ``None``: found from the
+    store's methods (:func:`features_of`). A case needing a feature not declared is not applicable."""
 
 
 class ManualClock:
@@ -334,6 +390,10 @@ class RuntimeHarness:
     """
 
     CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0)
+    dispatcher_cls: type[Dispatcher] = Dispatcher
+    """The dispatcher class the ``dispatch`` operations run (a subclass, to test a runtime change)."""
+    reconciler_cls: type[Reconciler] = Reconciler
+    """The reconciler class the ``reconcile`` operation runs (likewise)."""
 
     def __init__(self, store: Any):
         self.store = store
@@ -350,7 +410,7 @@ class RuntimeHarness:
             if point == crash_at:
                 raise SimulatedCrash(point)
 
-        return Dispatcher(self.store, self.platform, cfg, crash=crash if crash_at else None)
+        return self.dispatcher_cls(self.store, self.platform, cfg, crash=crash if crash_at else None)
 
     def call(self, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
         if op == "configure_platform":
@@ -361,7 +421,7 @@ class RuntimeHarness:
         if op == "sweep":
             return Sweeper(self.store, self.CONFIG).tick()
         if op == "reconcile":
-            return Reconciler(self.store, self.platform, self.CONFIG).run()
+            return self.reconciler_cls(self.store, self.platform, self.CONFIG).run()
         if op == "dispatch":
             fault = args.get("fault") or {}
             kind = fault.get("kind")
@@ -375,7 +435,7 @@ class RuntimeHarness:
                     raise IntakeError(f"unknown fault {kind!r}")
                 self.platform.next_fault = kind
             try:
-                return {"outcome": self._dispatcher(args, crash_at).dispatch(args.get("key"))}
+                return {"outcome": self._dispatcher(args, crash_at).dispatch(args.get("key"))}  # type: ignore[arg-type]  # as above
             except SimulatedCrash as exc:
                 return {"crashed": str(exc)}
             finally:
@@ -406,7 +466,8 @@ def _refusal_or_error(fn: Callable[[], Any]) -> dict[str, Any]:
         return {"error": {"type": "store", "message": str(exc)}}
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         return {"error": {"type": "crash", "message": f"{type(exc).__name__}: {exc}"}}
-    return encode(out)
+    encoded: dict[str, Any] = encode(out)  # a mapping encodes as a mapping
+    return encoded
 
 
 class StoreDriver(Driver):
@@ -414,9 +475,12 @@ class StoreDriver(Driver):
     (or a ``StoreUnderTest``): an empty store, its clock hook and its cleanup. ``first``: an
     implementation already built by that factory, used by the first ``reset()``.
 
-    ``features`` defaults to ``{"store", "runtime", "claims"}``: the runtime operations run
-    ``atmostonce.runtime`` against a scripted platform over the same store; the claims operations
-    are the store's approval and claim methods.
+    ``features``: what to run. By default, what the implementation declares (``Implementation(...,
+    features=...)``), else what its store has the methods for (:func:`features_of`; the factory is called
+    once here to see it, and that implementation serves the first case). The runtime operations run
+    ``atmostonce.runtime`` against a scripted platform over the same store; the claims operations are the
+    store's approval and claim methods; the evidence ones its late outcomes. An operation whose store
+    method is missing is answered ``unsupported``, and the runner reports its case not applicable.
     """
 
     def __init__(
@@ -428,8 +492,12 @@ class StoreDriver(Driver):
         first: Any = None,
     ):
         self.factory = factory
-        self.name = name or getattr(factory, "__qualname__", "store")
-        self.features = frozenset(features if features is not None else {"store", "runtime", "claims"})
+        self.name = name or str(getattr(factory, "__qualname__", "store"))
+        if features is None:
+            if first is None:
+                first = factory()
+            features = features_of(first)
+        self.features = frozenset(features)
         self._impl: Any = None
         self._runtime: RuntimeHarness | None = None
         self._first = first  # an implementation the caller already built: used by the first reset()
@@ -457,12 +525,18 @@ class StoreDriver(Driver):
             if "runtime" not in self.features:
                 return {"error": {"type": "unsupported", "message": f"{op}: no runtime feature"}}
             assert self._runtime is not None
-            return _refusal_or_error(lambda: self._runtime.call(op, args))
+            runtime = self._runtime
+            return _refusal_or_error(lambda: runtime.call(op, args))
         if op in CLAIM_OPS and "claims" not in self.features:
             return {"error": {"type": "unsupported", "message": f"{op}: no claims feature"}}
+        if op in EVIDENCE_OPS and "evidence" not in self.features:
+            return {"error": {"type": "unsupported", "message": f"{op}: no evidence feature"}}
         fn = _STORE_CALLS.get(op)
         if fn is None:
             return {"error": {"type": "unsupported", "message": f"unknown operation {op!r}"}}
+        member = _METHOD_OF.get(op, op)
+        if not hasattr(store, member):
+            return {"error": {"type": "unsupported", "message": f"{op}: the store has no {member}"}}
         return _refusal_or_error(lambda: fn(store, args))
 
     def advance(self, seconds: float) -> None:
@@ -540,7 +614,7 @@ class SubprocessDriver(Driver):
             self.features = frozenset(info.get("features") or ["store"])
 
     @staticmethod
-    def _pump(stream, sink, mark_end: bool) -> None:
+    def _pump(stream: IO[str], sink: Callable[[Any], object], mark_end: bool) -> None:
         for line in stream:
             sink(line.rstrip("\n"))
         if mark_end:

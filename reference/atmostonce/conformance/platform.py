@@ -25,7 +25,20 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from ..transport import Capabilities, Found, NotFound, NotSent, Sent, Unknown, Unsupported, WireRequest
+from ..identity import platform_idempotency_key
+from ..transport import (
+    Capabilities,
+    Found,
+    LookupResult,
+    NotFound,
+    NotSent,
+    ReadBackResult,
+    SendResult,
+    Sent,
+    Unknown,
+    Unsupported,
+    WireRequest,
+)
 
 __all__ = ["LOOKUPS", "PLATFORM_FAULTS", "ScriptedPlatform"]
 
@@ -56,7 +69,7 @@ class ScriptedPlatform:
         )
 
     # -- the transport protocol -----------------------------------------------------------
-    def send(self, request: WireRequest):
+    def send(self, request: WireRequest) -> SendResult:
         fault, self.next_fault = self.next_fault, None
         if fault == "connect_refused":
             return NotSent("connect refused")
@@ -78,17 +91,17 @@ class ScriptedPlatform:
             self._lagging.add(rid)
         return Sent(rid)
 
-    def read_back(self, remote_id: str):
+    def read_back(self, remote_id: str) -> ReadBackResult:
         if remote_id in self._lagging:
             self._lagging.discard(remote_id)
             return NotFound("not visible yet")
         obj = self.objects.get(remote_id)
         return NotFound() if obj is None else Found(remote_id, copy.deepcopy(obj["body"]))
 
-    def lookup(self, delivery_key: str, resend_epoch: int = 0):
+    def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> LookupResult:
         if self.lookup_mode == "none":
             return Unsupported()
-        want = WireRequest({}, delivery_key, resend_epoch).idempotency_key
+        want = platform_idempotency_key(delivery_key, resend_epoch, fence_epoch)
         for rid, obj in self.objects.items():
             if obj["idempotency_key"] == want:
                 return Found(rid, copy.deepcopy(obj["body"]))

@@ -35,7 +35,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=30,
         metavar="N",
-        help="examples for the stateful machine (default 30)",
+        help="examples for the stateful machine (default 30; a CI budget: 30 examples of 40 steps)",
+    )
+    group.addoption(
+        "--atmostonce-stateful-trace",
+        action="store_true",
+        help="on a stateful failure, show Hypothesis's whole output and the traceback (default: the minimal "
+        "failing program and the first disagreement)",
     )
 
 
@@ -50,6 +56,7 @@ class _State:
         self.impl: str | None = config.getoption("--atmostonce-impl")
         self.command: str | None = config.getoption("--atmostonce-driver")
         self.examples: int = config.getoption("--atmostonce-stateful-examples")
+        self.trace: bool = config.getoption("--atmostonce-stateful-trace")
         self._driver: Any = None
         self.factory: Any = None
         self.results: list[Any] = []
@@ -115,7 +122,7 @@ class StatefulMachine(pytest.Item):
 
     def runtest(self) -> None:
         try:
-            from hypothesis import HealthCheck, settings
+            from hypothesis import HealthCheck, Phase, settings
         except ImportError as exc:
             raise ConformanceFailure(
                 "the stateful machine needs Hypothesis: pip install 'atmostonce[test]' (or hypothesis)"
@@ -133,12 +140,16 @@ class StatefulMachine(pytest.Item):
             stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            report_multiple_bugs=False,  # one minimal failing program, not a group of them
+            phases=[p for p in Phase if p is not Phase.explain],  # the explain phase traces every line: slow
         )
         try:
             machine.TestCase().runTest()
-        except BaseException:
+        except Exception as exc:
             self.state.stateful = "failed"
-            raise
+            if self.state.trace:
+                raise
+            raise ConformanceFailure(short_failure(exc)) from None
         self.state.stateful = f"passed ({self.state.examples} examples)"
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
@@ -148,6 +159,19 @@ class StatefulMachine(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, "conformance: stateful machine against the reference model"
+
+
+def short_failure(exc: BaseException) -> str:
+    """The minimal failing program Hypothesis found (its notes: the shrunk steps) and the first
+    disagreement (the assertion's first line), without the traceback."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    notes = [n for n in getattr(exc, "__notes__", ()) if n.strip()]
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    lines = ["the stateful machine found a disagreement with the reference model", ""]
+    lines += notes or ["(no minimal program recorded)"]
+    lines += ["", f"first disagreement: {type(exc).__name__}: {first}", "(full trace: --atmostonce-stateful-trace)"]
+    return "\n".join(lines)
 
 
 class ConformanceSuite(pytest.Collector):

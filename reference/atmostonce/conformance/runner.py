@@ -34,8 +34,10 @@ SETUP_PATHS: dict[str, tuple[str, ...]] = {
 @dataclass
 class CaseResult:
     """``status`` is one of passed, failed, error, not applicable. For a failure, ``step`` is the
-    1-based step that differed, ``op`` its operation, ``expected`` and ``got`` its outcomes
-    (``accepted``, ``refused:<guard>`` or ``error:<type>``) and ``message`` every difference."""
+    1-based first step that differed, ``op`` its operation, ``expected`` and ``got`` its outcomes
+    (``accepted``, ``refused:<guard>`` or ``error:<type>``) and ``message`` every difference of
+    every step that differed: a case runs on after a failing step, and stops early only when a
+    later step needs a value the failing one did not give."""
 
     case: Case
     status: str
@@ -52,6 +54,8 @@ class Report:
     driver: str
     results: list[CaseResult] = field(default_factory=list)
     seconds: float = 0.0
+    bundle: str | None = None
+    """The case bundle's line (``atmostonce conformance --bundle-version``), shown in the summary."""
 
     def _with(self, *statuses: str) -> list[CaseResult]:
         return [r for r in self.results if r.status in statuses]
@@ -88,6 +92,7 @@ class Report:
             f"atmostonce conformance: {self.driver}",
             f"  {c[PASSED]} passed, {c[FAILED]} failed, {c[ERROR]} errors, {c[NOT_APPLICABLE]} not applicable "
             f"({len(self.results)} cases, {self.seconds:.1f} s)",
+            *([f"  {self.bundle}"] if self.bundle else []),
             "",
         ]
         for rule, results in self.by_rule().items():
@@ -167,19 +172,50 @@ def _describe(result: Mapping[str, Any]) -> str:
 def _wanted(expect: Mapping[str, Any]) -> str:
     if "refused" in expect:
         return f"refused:{expect['refused']}"
+    if "refused_by_any" in expect:  # the refusing set: any one of these guards is right
+        return "refused:" + "|".join(expect["refused_by_any"])
     if "error" in expect:
         return f"error:{expect['error']}"
     return "accepted"
 
 
+def _agrees(wanted: str, got: str) -> bool:
+    """``got`` is what ``wanted`` asks for; a refusing set (``refused:a|b``) takes any of its guards."""
+    if wanted.startswith("refused:") and got.startswith("refused:"):
+        return got.removeprefix("refused:") in wanted.removeprefix("refused:").split("|")
+    return wanted == got
+
+
+def _shown(outcome: str) -> str:
+    kind, _, name = outcome.partition(":")
+    if not name:
+        return kind
+    return f"{kind} by {'any of ' + ', '.join(name.split('|')) if '|' in name else name}"
+
+
 def _subject_of(args: Mapping[str, Any]) -> str | None:
-    if isinstance(args.get("key"), str):
-        return args["key"]
+    key = args.get("key")
+    if isinstance(key, str):
+        return key
     for holder in ("lease", "plan", "intent", "claim"):
         v = args.get(holder)
         if isinstance(v, Mapping) and isinstance(v.get("key"), str):
-            return v["key"]
+            return str(v["key"])
     return None
+
+
+class _NotImplemented(Exception):
+    """The implementation answered ``unsupported`` where the case did not expect it: it lacks the operation."""
+
+    def __init__(self, op: str, message: str):
+        super().__init__(f"not applicable: operation not implemented ({op}: {message})")
+        self.op = op
+
+
+def _unsupported(op: str, out: Mapping[str, Any]) -> None:
+    err = out.get("error")
+    if isinstance(err, Mapping) and err.get("type") == "unsupported":
+        raise _NotImplemented(op, str(err.get("message", "")))
 
 
 class _StepFailed(Exception):
@@ -198,6 +234,7 @@ class _CaseRun:
     def read(self, op: str, args: Mapping[str, Any]) -> Any:
         out = self.driver.call(op, args)
         if "error" in out:
+            _unsupported(op, out)
             raise DriverError(f"read {op} failed: {out['error']}")
         return out
 
@@ -215,7 +252,7 @@ class _CaseRun:
     def target_of(self, key: str | None) -> str:
         if key is None:
             raise CaseError("claim expectations need a subject intent (add 'of')")
-        return self.read("get", {"key": key})["target"]
+        return str(self.read("get", {"key": key})["target"])
 
     def count(self, name: str, key: str | None) -> int:
         if name == "intents":
@@ -223,7 +260,7 @@ class _CaseRun:
         if name in ("due_leases", "claimable"):
             return len(self.read(name, {"limit": 1000})["items"])
         if name in ("sends", "objects"):
-            return self.read("platform", {} if key is None else {"key": key})[name]
+            return int(self.read("platform", {} if key is None else {"key": key})[name])
         if key is None:
             raise CaseError(f"count {name!r} needs a subject intent (add 'of')")
         if name == "open_attempts":
@@ -259,21 +296,21 @@ class _CaseRun:
         before = self.snapshot(subject) if expect.get("unchanged") else None
         result = self.driver.call(op, args)
         wanted, got = _wanted(expect), _describe(result)
-        if wanted != got:
+        if got == "error:unsupported" and wanted != got:
+            _unsupported(op, result)
+        if not _agrees(wanted, got):
             detail = f" ({result['error'].get('message', '')})" if got.startswith("error:") else ""
-            raise _StepFailed(
-                [f"expected {wanted.replace(':', ' by ', 1)}, got {got.replace(':', ' by ', 1)}{detail}"], wanted, got
-            )
+            raise _StepFailed([f"expected {_shown(wanted)}, got {_shown(got)}{detail}"], wanted, got)
         if got == "accepted" and op == "submit" and subject is None:
             subject = result.get("key")
         if self.default_subject is None and op == "submit" and got == "accepted":
             self.default_subject = result.get("key")
         subject = subject or self.default_subject
         problems = self.check(expect, result, subject, before)
+        if "bind" in step:  # bound even when a check differs, so the later steps still run
+            self.env[step["bind"]] = result
         if problems:
             raise _StepFailed(problems, wanted, got)
-        if "bind" in step:
-            self.env[step["bind"]] = result
         return result
 
     def check(self, expect: Mapping[str, Any], result: Any, subject: str | None, before: Any) -> list[str]:
@@ -317,6 +354,7 @@ class _CaseRun:
     def must(self, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
         out = self.driver.call(op, args)
         if _describe(out) != "accepted":
+            _unsupported(op, out)
             raise CaseError(f"setup {op} was not accepted: {out}")
         return out
 
@@ -368,18 +406,44 @@ def run_case(driver: Driver, case: Case) -> CaseResult:
     def result(status: str, msg: str, expected: str | None = None, got: str | None = None) -> CaseResult:
         return CaseResult(case, status, msg, at["index"] or None, at["op"], expected, got, time.perf_counter() - t0)
 
+    failures: list[tuple[str, int, str | None, _StepFailed]] = []  # every step that differed, in order
+
+    def failed(stopped: str | None = None) -> CaseResult:
+        lines: list[str] = []
+        for place, _, _, exc in failures:
+            lines += [f"{place}: {exc.problems[0]}", *exc.problems[1:]]
+        if stopped:
+            lines.append(f"the steps after that could not run ({stopped})")
+        _, index, op, first = failures[0]
+        return CaseResult(
+            case, FAILED, "\n".join(lines), index, op, first.expected, first.got, time.perf_counter() - t0
+        )
+
     try:
         driver.reset()
         run.setup()
         for index, step in enumerate(case.steps, 1):
             at.update(index=index, op=step.get("op"))
-            run.step(step)
-    except _StepFailed as exc:
-        return result(FAILED, "\n".join([f"{where()}: {exc.problems[0]}", *exc.problems[1:]]), exc.expected, exc.got)
+            try:
+                run.step(step)
+            except _StepFailed as exc:  # reported with every later failing step: the case runs on
+                failures.append((where(), index, at["op"], exc))
+                if not _agrees(exc.expected, exc.got) and "bind" in step:
+                    break  # what later steps refer to was never bound
+    except _NotImplemented as exc:  # an operation the implementation does not have: not applicable, never an error
+        if failures:
+            return failed(f"{where()}: {exc}")
+        return result(NOT_APPLICABLE, str(exc))
     except (CaseError, DriverError) as exc:
+        if failures:  # a divergent implementation may leave later steps without what they need
+            return failed(f"{where()}: {exc}")
         return result(ERROR, f"{where()}: {exc}")
     except (KeyError, IndexError, TypeError, AttributeError) as exc:  # an answer without the fields it must have
+        if failures:
+            return failed(f"{where()}: malformed driver answer ({type(exc).__name__}: {exc})")
         return result(ERROR, f"{where()}: malformed driver answer ({type(exc).__name__}: {exc})")
+    if failures:
+        return failed()
     return CaseResult(case, PASSED, seconds=time.perf_counter() - t0)
 
 

@@ -13,9 +13,15 @@ Use it from any test suite (zarr.testing-style)::
     from atmostonce.testing.stateful import StoreUnderTest, make_machine
     TestMyStore = make_machine(lambda: StoreUnderTest(my_store, advance=my_advance)).TestCase
 
-``advance(seconds)`` must move the store's clock forward by ``seconds`` as far
-as lease and expiry judgements go (a SQL store may age its deadlines instead).
-With no store factory the machine checks the model alone.
+The machine owns the clock it compares. Give ``set_clock(t)`` when the store's clock can be set
+(``atmostonce_sql.testing.SetClockStore`` does it for the SQL stores): the machine then sets the
+store's clock to the model's at the start of every example and after every clock step, so no
+judgement (a due lease, an expired approval, a rate window) moves with real time. Otherwise
+``advance(seconds)`` must move the store's clock forward by ``seconds`` as far as lease and expiry
+judgements go (a SQL store may age its deadlines instead); real time then still passes under the
+store, and a lease judged within the wall time of a step may differ from the model's.
+Every strategy draws from the model's state only, never from the store's, so a replayed example
+draws the same values whatever the store does. With no store factory the machine checks the model alone.
 """
 
 from __future__ import annotations
@@ -58,8 +64,34 @@ class StoreUnderTest:
     """A store plus the hook that moves its clock; ``close`` runs after each example."""
 
     store: Store
-    advance: Callable[[float], None]
+    advance: Callable[[float], None] | None = None
     close: Callable[[], None] = lambda: None
+    set_clock: Callable[[float], None] | None = None
+    """Sets the store's clock to ``t`` (float seconds since the Unix epoch); preferred over ``advance``."""
+
+    def __post_init__(self) -> None:
+        if self.advance is None and self.set_clock is None:
+            raise TypeError("a store under test needs set_clock (preferred) or advance")
+
+
+def _has_evidence(sut: Any) -> bool:
+    """The implementation keeps late outcomes: it declares the ``evidence`` feature, or (declaring none)
+    its store has ``record_late_outcome`` and ``evidence``."""
+    declared = getattr(sut, "features", None)
+    if declared is not None:
+        return "evidence" in declared
+    return all(callable(getattr(sut.store, m, None)) for m in ("record_late_outcome", "evidence"))
+
+
+def _clock_moved(sut: Any, now: float, seconds: float) -> None:
+    """The machine's clock moved by ``seconds`` to ``now``: move the store's the same way. ``sut`` is a
+    :class:`StoreUnderTest` or anything with ``advance`` (and optionally ``set_clock``), such as the
+    conformance suite's ``Implementation``."""
+    set_clock = getattr(sut, "set_clock", None)
+    if set_clock is not None:
+        set_clock(now)
+    elif seconds:
+        sut.advance(seconds)
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -75,12 +107,14 @@ _COMPARED = (
     "remote_id",
     "reconcile_count",
     "resend_epoch",
-    "request_digest",
+    "fence_epoch",
     "max_attempts",
     "epoch",
-    "text_hash",
     "request",
 )
+"""Compared between the model and the store. The identities (key, request digest, text key) are the
+store's own, held to the shipped identity vectors by the conformance cases: the machine maps the
+model's keys to the store's (one request, one key on each side) instead of assuming they are equal."""
 
 
 def _same_intent(a: Intent, b: Intent) -> list[str]:
@@ -109,7 +143,11 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             self.model.reset()
             if factory is not None:
                 self.sut = factory()
+                _clock_moved(self.sut, self.clock(), 0.0)
             self.keys: list[str] = []
+            # model key -> the store's own key for the same request: identities are the store's, checked
+            # against the shipped vectors by the cases, never assumed byte-equal to the model's
+            self.kmap: dict[str, str] = {}
             # key -> (model lease, store lease) for the live worker; stale ones kept for replay
             self.live: dict[str, tuple[Lease, Lease | None]] = {}
             self.stale: list[tuple[Lease, Lease | None]] = []
@@ -117,6 +155,8 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             self.pre_restore_plans: list[tuple[Any, Any]] = []
             self.history_len: dict[str, int] = {}
             self.attempt_len: dict[str, int] = {}
+            # late outcomes (docs/design.md#late-outcomes-are-evidence) are checked only on a store that has them
+            self.has_evidence = self.sut is None or _has_evidence(self.sut)
 
         def teardown(self) -> None:
             try:
@@ -135,8 +175,8 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 return
             from atmostonce.audit import verify_store
 
-            for st_ in stores:
-                report = verify_store(st_, self.keys)
+            for i, st_ in enumerate(stores):
+                report = verify_store(st_, [self.k(k, i) for k in self.keys])
                 assert report.intact, f"audit chain broken in {type(st_).__name__}: {report.breaks}"
 
             def records(st_, key):
@@ -144,16 +184,42 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 return [(r.event, r.result, where.get(r.send_seq)) for r in st_.reconciliations(key)]
 
             for key in self.keys:
-                assert records(self.model, key) == records(self.store, key), f"{key[:12]}: reconciliations differ"
+                assert records(self.model, key) == records(self.store, self.k(key, 1)), (
+                    f"{key[:12]}: reconciliations differ"
+                )
 
         # -- helpers ------------------------------------------------------------------
+        def k(self, key: str, i: int) -> str:
+            """``key`` (a model key) as store ``i`` knows it: 0 the model, 1 the store under test."""
+            return key if i == 0 else self.kmap.get(key, key)
+
+        def digest(self, st_: Store, key: str, i: int) -> str:
+            """The request digest store ``i`` computed for model key ``key`` (its own identity function)."""
+            return st_.get(self.k(key, i)).request_digest
+
+        def back(self, store_key: str) -> str:
+            """The model key of a store key."""
+            for mk, sk in self.kmap.items():
+                if sk == store_key:
+                    return mk
+            return store_key
+
+        def learn(self, model_key: str, store_key: str) -> None:
+            """The store answered ``store_key`` where the model answered ``model_key``: one request, one key
+            on both sides (the same request twice gives the same key; two requests never share one)."""
+            known = self.kmap.get(model_key)
+            assert known in (None, store_key), "the store gave one request two delivery keys"
+            assert known is not None or store_key not in self.kmap.values(), "the store gave two requests one key"
+            self.kmap[model_key] = store_key
+
         @property
         def store(self) -> Store | None:
             return None if self.sut is None else self.sut.store
 
         def both(self, op: Callable[[Store, int], Any]) -> tuple[tuple[str, Any], tuple[str, Any] | None]:
             m = _outcome(lambda: op(self.model, 0))
-            s = None if self.store is None else _outcome(lambda: op(self.store, 1))
+            store = self.store
+            s = None if store is None else _outcome(lambda: op(store, 1))
             if s is not None:
                 assert m[0] == s[0], f"model {m} vs store {s}"
                 if m[0] != "ok":
@@ -192,7 +258,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             )
             assert m == "ok"
             if s is not None:
-                assert s[1].key == mi.key, "model and store disagree on the delivery key"
+                self.learn(mi.key, s[1].key)
             if mi.key not in self.keys:
                 self.keys.append(mi.key)
 
@@ -201,7 +267,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @rule(data=st.data(), lease=st.sampled_from([10, 30]))
         def begin(self, data, lease):
             key = self.pick(data, "initial", where=lambda it: it.attempt_token is None)
-            (m, ml), s = self.both(lambda st_, i: st_.begin(key, lease_seconds=lease))
+            (m, ml), s = self.both(lambda st_, i: st_.begin(self.k(key, i), lease_seconds=lease))
             if m == "ok":
                 old = self.live.pop(key, None)
                 if old is not None:
@@ -218,16 +284,17 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         def dispatch_flow(self, data, ending):
             """A whole dispatch in one rule: begin, authorize, send, record (or a crash on the way)."""
             key = self.pick(data, "initial", where=lambda it: it.attempt_token is None)
-            (m, ml), s = self.both(lambda st_, i: st_.begin(key, lease_seconds=30))
+            (m, ml), s = self.both(lambda st_, i: st_.begin(self.k(key, i), lease_seconds=30))
             if m != "ok":
                 return
             pair = (ml, s[1] if s else None)
             if ending == "dies_after_begin":
                 self.stale.append(pair)
                 return
-            digest = self.model.get(key).request_digest
             (m, g), _ = self.both(
-                lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest, send_lease_seconds=30)
+                lambda st_, i: st_.authorize_dispatch(
+                    pair[i], request_digest=self.digest(st_, key, i), send_lease_seconds=30
+                )
             )
             if m != "ok":  # only a policy gate, or the account's full rate window, may refuse a fresh lease
                 if g in self.model.table.waiting_guards:  # a wait, not a block: the rate window is full
@@ -260,9 +327,12 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @rule(data=st.data(), good_digest=st.sampled_from([True, True, True, False]))
         def authorize(self, data, good_digest):
             pair = self._live_pair(data, "initial")
-            digest = self.model.get(pair[0].key).request_digest if good_digest else "0" * 64
             m, _ = self.both(
-                lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest, send_lease_seconds=30)
+                lambda st_, i: st_.authorize_dispatch(
+                    pair[i],
+                    request_digest=self.digest(st_, pair[0].key, i) if good_digest else "0" * 64,
+                    send_lease_seconds=30,
+                )
             )
             if not good_digest:
                 assert m[0] != "ok", "authorized bytes that differ from the intent's request"
@@ -272,8 +342,9 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         def stale_worker_authorizes(self, data):
             pair = data.draw(st.sampled_from(self.stale))
             current = self.model.get(pair[0].key).attempt_token == pair[0].attempt_token
-            digest = self.model.get(pair[0].key).request_digest
-            m, _ = self.both(lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=digest))
+            m, _ = self.both(
+                lambda st_, i: st_.authorize_dispatch(pair[i], request_digest=self.digest(st_, pair[0].key, i))
+            )
             assert current or m[0] != "ok", "a superseded lease was authorized"
 
         @precondition(lambda self: self.live)
@@ -283,7 +354,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         )
         def record(self, data, what):
             ops = {
-                "success": lambda st_, lease: st_.record_success(lease, remote_id=f"r-{lease.key[:8]}"),
+                "success": lambda st_, lease: st_.record_success(lease, remote_id=f"r-{self.back(lease.key)[:8]}"),
                 "not_sent": lambda st_, lease: st_.record_not_sent(lease, reason="refused"),
                 "unknown": lambda st_, lease: st_.record_unknown(lease, reason="timeout"),
                 "confirm": lambda st_, lease: st_.confirm_read_back(lease),
@@ -308,6 +379,16 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             )
             m, _ = self.both(lambda st_, i: ops[what](st_, pair[i]))
             assert current or m[0] != "ok", "a superseded worker's write was accepted (fenced on epoch and generation)"
+            if m[0] != "ok" and self.has_evidence:  # the worker keeps its refused outcome as evidence; it moves nothing
+                before = self.model.get(pair[0].key)
+                refused = Rejected(f"record_{what}", pair[0].key, m[1], None)
+                outcome = {"success": "send.success", "not_sent": "send.not_sent", "unknown": "send.unknown"}[what]
+                self.both(
+                    lambda st_, i: st_.record_late_outcome(
+                        pair[i], outcome=outcome, refused=refused, remote_id="stale" if what == "success" else None
+                    )
+                )
+                assert _same_intent(before, self.model.get(pair[0].key)) == [], "a late outcome moved the intent"
 
         @precondition(lambda self: self.live)
         @rule(data=st.data())
@@ -321,17 +402,17 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         def database_clock_advances(self, seconds):
             self.clock.advance(seconds)
             if self.sut is not None:
-                self.sut.advance(seconds)
+                _clock_moved(self.sut, self.clock(), seconds)
 
         @rule()
         def sweeper(self):
             due_m = sorted(i.key for i in self.model.due_leases(1000))
             if self.store is not None:
-                due_s = sorted(i.key for i in self.store.due_leases(1000))
+                due_s = sorted(self.back(i.key) for i in self.store.due_leases(1000))
                 assert due_m == due_s, f"due leases differ: {due_m} vs {due_s}"
             for key in due_m:
                 it_m = self.model.get(key)
-                it_s = None if self.store is None else self.store.get(key)
+                it_s = None if self.store is None else self.store.get(self.k(key, 1))
                 ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
                 assert len(ev) == 1
                 (m, g), _ = self.both(lambda st_, i, e=ev[0].name, p=(it_m, it_s): getattr(st_, e)(p[i]))
@@ -345,7 +426,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             it_m = self.model.get(key)
             if it_m.lease_expires_at is None or it_m.lease_expires_at <= self.clock():
                 return
-            it_s = None if self.store is None else self.store.get(key)
+            it_s = None if self.store is None else self.store.get(self.k(key, 1))
             ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
             (m, g), _ = self.both(lambda st_, i: getattr(st_, ev[0].name)((it_m, it_s)[i]))
             assert (m, g) == ("GuardRefused", "lease_expired"), (m, g)
@@ -358,7 +439,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         )
         def reconciler(self, data, how, stale_plan):
             key = self.pick(data, "unknown")
-            plans = [self.model.get(key).plan, None if self.store is None else self.store.get(key).plan]
+            plans = [self.model.get(key).plan, None if self.store is None else self.store.get(self.k(key, 1)).plan]
             if stale_plan == "before_restore":  # a reconciler that planned before the last restore
                 if not self.pre_restore_plans:
                     return
@@ -391,13 +472,16 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             src = ("https://src/1", head)
             (m, mi), s = self.both(lambda st_, i: st_.submit("acct-a", "post", "t1", {"text": text}, source=src))
             assert m == "ok"
+            if s is not None:
+                self.learn(mi.key, s[1].key)
             if mi.key not in self.keys:
                 self.keys.append(mi.key)
 
         @rule()
         def claimable_agree(self):
             if self.store is not None:
-                assert sorted(self.model.claimable(1000)) == sorted(self.store.claimable(1000)), "claimable differs"
+                got = sorted(self.back(k) for k in self.store.claimable(1000))
+                assert sorted(self.model.claimable(1000)) == got, "claimable differs"
 
         # -- the policy layer and restores --------------------------------------------
         @rule(scope=st.sampled_from(["global", "account:acct-a"]), engaged=st.booleans())
@@ -421,7 +505,8 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @rule()
         def declare_restore(self):
             self.pre_restore_plans = [
-                (self.model.get(k).plan, None if self.store is None else self.store.get(k).plan) for k in self.keys
+                (self.model.get(k).plan, None if self.store is None else self.store.get(self.k(k, 1)).plan)
+                for k in self.keys
             ]
             (m, mv), s = self.both(lambda st_, i: st_.declare_restore(operator="ops"))
             assert m == "ok"
@@ -436,7 +521,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         def retry_policy(self, data, what):
             key = self.pick(data, "retryable")
             before = self.model.total_attempts()
-            self.both(lambda st_, i: getattr(st_, what)(key))
+            self.both(lambda st_, i: getattr(st_, what)(self.k(key, i)))
             assert self.model.total_attempts() == before, "retry/exhaust created an attempt"
             if self.store is not None:
                 assert self.store.total_attempts() == before, "retry/exhaust created an attempt in the store"
@@ -451,12 +536,12 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             key = self.pick(data, *(("human_owned",) if what != "park" else ("initial", "unknown", "retryable")))
             who = "alice" if named else " "
             ops = {
-                "park": lambda st_: st_.park(key, operator=who),
-                "resolve_published": lambda st_: st_.resolve_published(key, operator=who, remote_id="r-human"),
-                "resolve_not_sent": lambda st_: st_.resolve_not_sent(key, operator=who),
-                "resend": lambda st_: st_.resend(key, operator=who),
+                "park": lambda st_, k: st_.park(k, operator=who),
+                "resolve_published": lambda st_, k: st_.resolve_published(k, operator=who, remote_id="r-human"),
+                "resolve_not_sent": lambda st_, k: st_.resolve_not_sent(k, operator=who),
+                "resend": lambda st_, k: st_.resend(k, operator=who),
             }
-            m, _ = self.both(lambda st_, i: ops[what](st_))
+            m, _ = self.both(lambda st_, i: ops[what](st_, self.k(key, i)))
             if m[0] == "ok" and key in self.live:
                 self.stale.append(self.live.pop(key))
             if not named:
@@ -468,23 +553,29 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             if self.store is None:
                 return
             for key in self.keys:
-                ra, rb = self.model.refusals(key), self.store.refusals(key)
+                sk = self.k(key, 1)
+                ra, rb = self.model.refusals(key), self.store.refusals(sk)
                 assert [(r.event, r.guard) for r in ra] == [(r.event, r.guard) for r in rb], "refusals differ"
-                a, b = self.model.get(key), self.store.get(key)
+                a, b = self.model.get(key), self.store.get(sk)
                 diffs = _same_intent(a, b)
                 assert not diffs, f"{key[:12]}: " + "; ".join(diffs)
-                ha, hb = self.model.history(key), self.store.history(key)
+                ha, hb = self.model.history(key), self.store.history(sk)
                 assert [(h.event, h.from_state, h.to_state) for h in ha] == [
                     (h.event, h.from_state, h.to_state) for h in hb
                 ]
-                aa, ab = self.model.attempts(key), self.store.attempts(key)
+                ea, eb = (self.model.evidence(key), self.store.evidence(sk)) if self.has_evidence else ([], [])
+                assert [(e.outcome, e.refused_event, e.refused_by, e.remote_id) for e in ea] == [
+                    (e.outcome, e.refused_event, e.refused_by, e.remote_id) for e in eb
+                ], "late outcomes differ"
+                aa, ab = self.model.attempts(key), self.store.attempts(sk)
                 assert [(x.number, x.outcomes) for x in aa] == [(x.number, x.outcomes) for x in ab]
             assert self.model.count_by_state() == self.store.count_by_state()
 
         @invariant()
         def protocol_holds(self):
-            for st_ in filter(None, (self.model, self.store)):
-                check_protocol_invariants(st_, self.keys, self.history_len if st_ is self.model else None)
+            check_protocol_invariants(self.model, self.keys, self.history_len)
+            if self.store is not None:
+                check_protocol_invariants(self.store, [self.k(k, 1) for k in self.keys], None)
 
     AtMostOnceMachine.__name__ = "AtMostOnceMachine"
     return AtMostOnceMachine

@@ -1,0 +1,247 @@
+"""The outbox for asyncio programs (docs/design.md#asyncio-the-threaded-async-outbox).
+
+``atmostonce.open_async(url, transport=...)`` returns an :class:`AsyncOutbox` over an
+:class:`~atmostonce.transport.AsyncTransport` (``atmostonce_http.AsyncHttpTransport``)::
+
+    async with atmostonce.open_async("sqlite:///outbox.sqlite3", transport=my_async_transport) as outbox:
+        await outbox.submit("my-account", "post", "room-42", {"text": "hello"})  # idempotent
+        await outbox.run(until_idle=True)
+
+**Threaded, for now.** This first async outbox runs the synchronous :class:`~atmostonce.service.Outbox`
+(its store, dispatch workers, sweeper and reconciler) in worker threads through ``asyncio.to_thread``; only
+the platform calls are asynchronous: each send, read-back and lookup is awaited on the caller's event loop
+through :class:`ThreadedTransport`. The store is the synchronous one, its calls made from threads, never on
+the loop. Native async stores come later. Every write is still the runtime's, under the table's guards.
+
+Cancellation: cancelling :meth:`AsyncOutbox.run` stops the service (no new key is taken) and cancels the
+sends in flight. A send cancelled after authorization may already have written its bytes: it is recorded
+``unknown`` (:func:`~atmostonce.transport.cancelled_send`), never ``not sent``, and reconciliation or a person
+settles it. ``run`` then re-raises the ``CancelledError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from .errors import AtMostOnceError
+from .plugins import open_store
+from .records import Intent
+from .service import Outbox, OutboxReport
+from .store import Store
+from .transport import (
+    AsyncTransport,
+    Capabilities,
+    Found,
+    LookupResult,
+    ReadBackResult,
+    SendResult,
+    WireRequest,
+    cancelled_send,
+)
+
+__all__ = ["AsyncOutbox", "ThreadedTransport", "TransportCancelled", "open_async"]
+
+_T = TypeVar("_T")
+
+
+class TransportCancelled(AtMostOnceError):
+    """A read-back or lookup whose task was cancelled: no answer, so no evidence (nothing is written on it)."""
+
+
+class ThreadedTransport:
+    """A synchronous :class:`~atmostonce.transport.Transport` over an :class:`AsyncTransport`, for the
+    runtime's worker threads: each call runs the coroutine on ``loop`` and waits for it. It must not be called
+    on ``loop``'s own thread (that would wait on itself).
+
+    A send whose task is cancelled (by :meth:`cancel_in_flight`, or on the loop) returns
+    :func:`~atmostonce.transport.cancelled_send`: unknown, never not sent. A cancelled read-back or lookup
+    raises :class:`TransportCancelled`. Other attributes (``compare``, ``contract_version``) are the async
+    transport's. :meth:`close` does nothing: the async transport is closed on its loop (``aclose``).
+    """
+
+    def __init__(self, transport: AsyncTransport, loop: asyncio.AbstractEventLoop):
+        self.inner, self.loop = transport, loop
+        self.name: str = transport.name
+        self.protocol_version: int = transport.protocol_version
+        self.capabilities: Capabilities = transport.capabilities
+        self._lock = threading.Lock()
+        self._in_flight: set[concurrent.futures.Future[Any]] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _wait(self, awaitable: Awaitable[_T]) -> _T:
+        async def call() -> _T:
+            with self._lock:  # wait until the call is registered: cancel_in_flight must see it once it runs
+                pass
+            return await awaitable
+
+        with self._lock:
+            fut = asyncio.run_coroutine_threadsafe(call(), self.loop)
+            self._in_flight.add(fut)
+        try:
+            return fut.result()
+        finally:
+            with self._lock:
+                self._in_flight.discard(fut)
+
+    def send(self, request: WireRequest) -> SendResult:
+        try:
+            return self._wait(self.inner.send(request))
+        except concurrent.futures.CancelledError:
+            return cancelled_send(request.idempotency_key)
+
+    def read_back(self, remote_id: str) -> ReadBackResult:
+        try:
+            return self._wait(self.inner.read_back(remote_id))
+        except concurrent.futures.CancelledError as exc:
+            raise TransportCancelled(f"read-back of {remote_id} was cancelled") from exc
+
+    def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> LookupResult:
+        try:
+            return self._wait(self.inner.lookup(delivery_key, resend_epoch, fence_epoch))
+        except concurrent.futures.CancelledError as exc:
+            raise TransportCancelled(f"lookup of {delivery_key} was cancelled") from exc
+
+    def matches(self, request: WireRequest, found: Found) -> bool:
+        return self.inner.matches(request, found)
+
+    def cancel_in_flight(self) -> int:
+        """Cancel every platform call in flight (from any thread); returns how many were cancelled."""
+        with self._lock:
+            pending = list(self._in_flight)
+        return sum(1 for fut in pending if fut.cancel())
+
+    def close(self) -> None:
+        pass
+
+
+class AsyncOutbox:
+    """The outbox service for asyncio: :class:`~atmostonce.service.Outbox` run in worker threads (see the
+    module), its sends awaited on this event loop through ``transport``.
+
+    Made by :func:`open_async`; use ``async with`` (or :meth:`open` and :meth:`aclose`). ``options`` are the
+    :class:`~atmostonce.service.Outbox`'s (``workers=``, ``config=``, ...). ``outbox.store`` is the
+    synchronous store (its calls block: from a coroutine, use :meth:`get` or ``asyncio.to_thread``).
+    """
+
+    def __init__(
+        self,
+        open_store_: Callable[[], Store],
+        transport: AsyncTransport,
+        *,
+        close_transport: bool = True,
+        **options: Any,
+    ):
+        self._open_store, self.transport, self.close_transport = open_store_, transport, close_transport
+        self._options = options
+        self._outbox: Outbox | None = None
+        self._bridge: ThreadedTransport | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    async def open(self) -> AsyncOutbox:
+        """Open the store (in a thread) and build the service; returns ``self``. Raises what the store's
+        opening raises, ``ValueError`` for a bad option, ``RuntimeError`` when already open."""
+        if self._outbox is not None:
+            raise RuntimeError("this async outbox is already open")
+        store = await asyncio.to_thread(self._open_store)
+        self._bridge = ThreadedTransport(self.transport, asyncio.get_running_loop())
+        try:
+            self._outbox = Outbox(store, self._bridge, close_store=True, close_transport=False, **self._options)
+        except BaseException:
+            await asyncio.to_thread(store.close)
+            raise
+        return self
+
+    async def aclose(self) -> None:
+        """Stop gracefully (each worker finishes its dispatch), close the store, then the async transport when
+        this outbox owns it. Idempotent."""
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            await asyncio.to_thread(outbox.close)
+        if self.close_transport:
+            self.close_transport = False
+            await self.transport.aclose()
+
+    async def __aenter__(self) -> AsyncOutbox:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def outbox(self) -> Outbox:
+        """The synchronous service underneath (its calls block). Raises ``RuntimeError`` before :meth:`open`."""
+        if self._outbox is None:
+            raise RuntimeError("open the async outbox first (async with atmostonce.open_async(...))")
+        return self._outbox
+
+    @property
+    def store(self) -> Store:
+        return self.outbox.store
+
+    # -- intake and reads -----------------------------------------------------------------------------
+    async def submit(
+        self, account: str, action_kind: str, target: str, request: Mapping[str, Any], **options: Any
+    ) -> Intent:
+        """:meth:`Outbox.submit <atmostonce.service.Outbox.submit>` in a thread (idempotent, same options)."""
+        return await asyncio.to_thread(self.outbox.submit, account, action_kind, target, request, **options)
+
+    async def get(self, key: str) -> Intent:
+        """``store.get(key)`` in a thread."""
+        return await asyncio.to_thread(self.outbox.store.get, key)
+
+    def report(self) -> OutboxReport:
+        return self.outbox.report()
+
+    # -- running ----------------------------------------------------------------------------------------
+    async def run(self, until_idle: bool = True, *, timeout: float | None = None) -> OutboxReport:
+        """:meth:`Outbox.run <atmostonce.service.Outbox.run>` in a thread, awaiting its sends on this loop;
+        returns its report. Cancelled: stops the service, cancels the sends in flight (each recorded unknown,
+        never not sent), waits until every worker has recorded its outcome, then re-raises."""
+        outbox, bridge = self.outbox, self._bridge
+        assert bridge is not None
+        loop = asyncio.get_running_loop()
+        done = loop.run_in_executor(None, lambda: outbox.run(until_idle, timeout=timeout))
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            await _wind_down(done, outbox, bridge)
+            raise
+
+    async def start(self) -> AsyncOutbox:
+        """Run the service in the background (:meth:`Outbox.start <atmostonce.service.Outbox.start>`)."""
+        await asyncio.to_thread(self.outbox.start)
+        return self
+
+    async def stop(self, timeout: float | None = None) -> OutboxReport:
+        """Stop gracefully (:meth:`Outbox.stop <atmostonce.service.Outbox.stop>`) and return the report."""
+        return await asyncio.to_thread(self.outbox.stop, timeout)
+
+
+async def _wind_down(done: asyncio.Future[OutboxReport], outbox: Outbox, bridge: ThreadedTransport) -> None:
+    """After ``run`` was cancelled: no new key, the sends in flight cancelled (recorded unknown by their
+    workers), and wait for the service thread to end, so no authorized send is left without its outcome."""
+    while not done.done():
+        outbox.request_stop()  # again each round: a stop asked before the run began would be lost
+        bridge.cancel_in_flight()
+        await asyncio.wait({done}, timeout=0.05)
+
+
+def open_async(
+    url: str | None = None,
+    *,
+    transport: AsyncTransport,
+    store_options: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> AsyncOutbox:
+    """``atmostonce.open_async``: an :class:`AsyncOutbox` over the store at ``url``
+    (:func:`atmostonce.open_store`, with ``store_options``; opened in a thread on entering ``async with``) and
+    ``transport``; ``options`` are the :class:`~atmostonce.service.Outbox`'s. The outbox owns both: leaving
+    ``async with`` closes the store and the transport."""
+    opts = dict(store_options or {})
+    return AsyncOutbox(lambda: open_store(url, **opts), transport, **options)
