@@ -1,7 +1,9 @@
 """SQL stores for atmostonce: PostgreSQL (production) and SQLite (embedded default).
 
 ``open_store(url)`` builds a :class:`SqlStore` for ``sqlite:///path`` or
-``postgresql://...`` URLs and applies migrations unless ``migrate=False``.
+``postgresql://...`` URLs and applies migrations unless ``migrate=False``. A PostgreSQL URL may carry
+``atmostonce_ha=sync`` or ``atmostonce_ha=async`` (the store's HA mode, docs/design.md "Failover and synchronous
+replication"); it is taken out of the URL before libpq sees it.
 """
 
 from __future__ import annotations
@@ -11,21 +13,69 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from atmostonce.errors import StoreError
+from atmostonce.errors import SequenceBehind, StoreError
 
 from .migrate import upgrade
 from .roles import grant_app_role
-from .store import SqlStore, register_sqlite_functions
+from .sequences import sequences_behind
+from .store import HA_MODES, SqlStore, register_sqlite_functions
 
-__all__ = ["SqlStore", "grant_app_role", "make_engine", "open_store", "upgrade"]
+__all__ = ["SqlStore", "grant_app_role", "make_engine", "open_store", "split_ha_mode", "upgrade"]
+
+HA_PARAM = "atmostonce_ha"
+
+
+def split_ha_mode(url: str) -> tuple[str, str | None]:
+    """``(url without the atmostonce_ha query parameter, its value or None)``; ``ValueError`` for a value that is
+    not an HA mode, for the parameter given twice, or on a URL that is not PostgreSQL."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    if not isinstance(url, str) or HA_PARAM not in url:
+        return url, None
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    modes = [v for k, v in pairs if k == HA_PARAM]
+    if not modes:
+        return url, None
+    if len(modes) > 1 or modes[0] not in HA_MODES:
+        raise ValueError(f"{HA_PARAM}={','.join(modes)!s}: give it once, one of {', '.join(HA_MODES)}")
+    if not parts.scheme.startswith("postgres"):
+        raise ValueError(f"{HA_PARAM} applies to PostgreSQL URLs only")
+    rest = urlencode([(k, v) for k, v in pairs if k != HA_PARAM], safe="/:,")
+    return urlunsplit(parts._replace(query=rest)), modes[0]
 
 
 def normalize_url(url: str) -> str:
-    """Map ``postgres://`` and ``postgresql://`` to the psycopg 3 driver."""
+    """Map ``postgres://`` and ``postgresql://`` to the psycopg 3 driver, and libpq's multi-host form
+    ``?host=h1:p1,h2:p2`` (hosts with their ports in one parameter) to ``?host=h1,h2&port=p1,p2``, which libpq
+    reads the same and SQLAlchemy passes through unchanged."""
     for prefix in ("postgres://", "postgresql://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
+            url = "postgresql+psycopg://" + url[len(prefix) :]
+            break
+    if url.startswith("postgresql") and "host=" in url and "," in url:
+        url = _split_host_ports(url)
     return url
+
+
+def _split_host_ports(url: str) -> str:
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    hosts = [v for k, v in pairs if k == "host"]
+    if len(hosts) != 1 or "," not in hosts[0] or any(k == "port" for k, _ in pairs):
+        return url
+    names, ports = [], []
+    for entry in hosts[0].split(","):
+        name, sep, port = entry.rpartition(":")
+        if not sep or not port.isdigit() or entry.startswith("/"):
+            return url  # not every host names its port: leave it to libpq
+        names.append(name)
+        ports.append(port)
+    rest = [(k, v) for k, v in pairs if k != "host"]
+    query = urlencode([("host", ",".join(names)), ("port", ",".join(ports)), *rest], safe="/:,")
+    return urlunsplit(parts._replace(query=query))
 
 
 def make_engine(url: str, *, pool_size: int = 8) -> Engine:
@@ -64,20 +114,70 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///path or postgresql://...")
 
 
-def open_store(url: str, *, migrate: bool = True, pool_size: int = 8, **kw: Any) -> SqlStore:
-    """Open a store at ``url``; raises ``ValueError`` for an unsupported or malformed URL,
-    ``StoreError`` when the database cannot be reached or opened."""
+def open_store(
+    url: str,
+    *,
+    migrate: bool = True,
+    pool_size: int = 8,
+    check_sequences: bool = True,
+    create: bool = True,
+    **kw: Any,
+) -> SqlStore:
+    """Open a store at ``url``.
+
+    Unless ``check_sequences`` is false (only ``atmostonce db declare-restore``, which repairs them,
+    opens without it), every sequence the store draws from is compared with the highest value stored
+    where it is used, in one statement (``atmostonce_sql.sequences``). Raises ``ValueError`` for an
+    unsupported or malformed URL, ``SequenceBehind`` (fields ``sequence``, ``value``, ``stored_max``,
+    ``repair``, ``behind``) when a sequence is behind the data, as after a restore that left the
+    sequence positions behind, and ``StoreError`` when the database cannot be reached or opened.
+    With ``create=False`` a SQLite file that does not exist is a ``StoreError`` instead of a new, empty
+    database (read commands: a mistyped path must not leave an empty file behind). ``ha`` (or
+    ``atmostonce_ha`` in the URL): the HA mode, ``"sync"`` or ``"async"`` (docs/design.md, "Failover and
+    synchronous replication")."""
+    url, ha_in_url = split_ha_mode(url)
+    ha = kw.pop("ha", None) or ha_in_url
+    if ha is not None:
+        kw["ha"] = ha
     engine = make_engine(url, pool_size=pool_size)
+    if not create:
+        missing = _missing_sqlite_file(engine)
+        if missing is not None:
+            engine.dispose()
+            raise StoreError(
+                f"cannot open the database at {missing}: the SQLite file does not exist (check the path; "
+                "`atmostonce db upgrade` creates a new database)"
+            )
     try:
         if migrate:
             upgrade(engine)
+        if check_sequences:
+            with engine.connect() as conn:
+                behind = sequences_behind(conn)
         else:
+            behind = ()
             with engine.connect():
                 pass
     except sa.exc.SQLAlchemyError as exc:
         engine.dispose()
         raise StoreError(f"cannot open the database at {_redact(url)}: {_reason(exc)}") from exc
+    if behind:
+        engine.dispose()
+        raise SequenceBehind(behind)
     return SqlStore(engine, **kw)
+
+
+def _missing_sqlite_file(engine: Engine) -> str | None:
+    """The path of the SQLite file ``engine`` would create, or ``None`` (it exists, or not SQLite on disk)."""
+    import os
+
+    u = engine.url
+    if u.get_backend_name() != "sqlite":
+        return None
+    path = u.database or ""
+    if path in ("", ":memory:") or path.startswith("file:"):
+        return None
+    return None if os.path.exists(path) else path
 
 
 def _reason(exc: Exception) -> str:

@@ -15,17 +15,26 @@ compares (bound parameters for direct moves, the claim row's own columns for cou
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RowMapping
 
-from atmostonce.claims import RESERVE_OR_REPLACE, claim_refusal_recorded, pick_reserve_event
+from atmostonce.claims import (
+    DETAIL_FIELDS,
+    RESERVE_OR_REPLACE,
+    claim_refusal_recorded,
+    claim_superseding_move,
+    pick_reserve_event,
+)
 from atmostonce.errors import GuardRefused, IllegalMove, Rejected, UnknownIntent
-from atmostonce.records import Approval, Claim, ClaimEntry, check_limit, check_text
+from atmostonce.records import Approval, Claim, ClaimEntry, OperatorKey, check_limit, check_text
+from atmostonce.signing import SIGNED_FIELDS
+from atmostonce.table import Table
 
-from .schema import approvals, claim_history, claims, intents, refusals
+from .schema import approvals, claim_history, claims, intents, operator_keys, refusals, signing_policies
 
 __all__ = ["APPROVAL_SQL_GUARDS", "CLAIM_SQL_GUARDS", "SqlClaims"]
 
@@ -78,6 +87,25 @@ def approval_for_intent(c, now, x):
     return sa.exists().where(a.approval_id == x.approval_id, a.key == x.key)
 
 
+_SIG_TYPES = {"target_version": sa.BigInteger(), "expires_at": sa.Float(53)}
+
+
+def approval_signature_verified(c, now, x):
+    # What SQL can check: the account's signing policy, and that the approval row (signature, key id and
+    # every signed field) is exactly what the worker verified in Python, under a key registered to the
+    # approver with the public key the worker verified against. NULL parameters (nothing verified) fail.
+    a, k, pol = approvals.c, operator_keys.c, signing_policies.c
+    required = sa.exists().where(pol.account == a.account, pol.required)
+    verified = sa.and_(
+        a.approval_id == _p("sig_approval_id"),
+        a.signature == _p("sig_signature"),
+        a.signing_key_id == _p("sig_key_id"),
+        *[a[f] == _p(f"sig_{f}", _SIG_TYPES.get(f)) for f in SIGNED_FIELDS],
+        sa.exists().where(k.key_id == a.signing_key_id, k.operator == a.approver, k.public_key == _p("sig_public_key")),
+    )
+    return sa.exists().where(a.approval_id == x.approval_id, sa.or_(~required, sa.func.coalesce(verified, sa.false())))
+
+
 def target_version_current(c, now, x):
     a = approvals.c
     return sa.exists().where(a.approval_id == x.approval_id, a.target_version == c.target_version)
@@ -106,6 +134,7 @@ CLAIM_SQL_GUARDS = {
         approval_usable,
         approval_binds_request,
         approval_for_intent,
+        approval_signature_verified,
         target_version_current,
         claim_owner,
         claim_lease_live,
@@ -120,6 +149,22 @@ def approver_identified(c, now, x):
     return _named(_p("approver"))
 
 
+_approved_intent = intents.alias("aom_approved_intent")  # not correlated with the approval INSERT's own FROM
+
+
+def intent_awaiting_approval(c, now, x):
+    i = _approved_intent.c
+    return sa.exists().where(i.key == x.key, i.state == sa.literal(x.table.initial, sa.Text))
+
+
+def approval_covers_intent_bytes(c, now, x):
+    # the digest given (none: the intent's own, which the INSERT then writes) is the intent's
+    i = _approved_intent.c
+    return sa.exists().where(
+        i.key == x.key, sa.func.coalesce(_p("request_digest"), i.request_digest) == i.request_digest
+    )
+
+
 def approval_deadline_passed(c, now, x):
     return c.expires_at <= now
 
@@ -128,11 +173,41 @@ def withdrawer_identified(c, now, x):
     return _named(_p("operator"))
 
 
-APPROVAL_SQL_GUARDS = {f.__name__: f for f in (approver_identified, approval_deadline_passed, withdrawer_identified)}
+def withdrawal_attributable(c, now, x):
+    # NULL-safe: a missing reason or operator is false, never unknown
+    return sa.or_(
+        sa.and_(_p("operator").is_not(None), c.approver == _p("operator")),
+        sa.func.coalesce(_named(_p("reason")), sa.false()),
+    )
+
+
+APPROVAL_SQL_GUARDS = {
+    f.__name__: f
+    for f in (
+        approver_identified,
+        intent_awaiting_approval,
+        approval_covers_intent_bytes,
+        approval_deadline_passed,
+        withdrawer_identified,
+        withdrawal_attributable,
+    )
+}
 
 
 class SqlClaims:
     """Approval and claim primitives for :class:`~atmostonce_sql.store.SqlStore` (mixed in)."""
+
+    # what the store this is mixed into provides (SqlStore.__init__, atmostonce.store.Operations)
+    table: Table
+    approval_table: Table
+    claim_table: Table
+    dialect: str
+    _disabled_guards: frozenset[str] = frozenset()
+    _cache: dict[tuple[Any, ...], dict[str, Any]]
+    _now: sa.ColumnElement[Any]
+    if TYPE_CHECKING:
+
+        def _tx(self, autocommit: bool = False) -> AbstractContextManager[Connection]: ...
 
     # -- building blocks -----------------------------------------------------------------------
     def _machine(self, mname: str):
@@ -203,6 +278,12 @@ class SqlClaims:
             "new_token",
             "claim_lease_seconds",
             "lease_until",
+            "reason",
+            "sig_approval_id",
+            "sig_signature",
+            "sig_key_id",
+            "sig_public_key",
+            *(f"sig_{f}" for f in SIGNED_FIELDS),
         )
         out = {f"c_{n}": args.get(n) for n in names}
         out["c_subject"] = subject
@@ -230,7 +311,7 @@ class SqlClaims:
         return Rejected(ev.name, subject, "lost_race", found[0], "the row changed between the write and the diagnosis")
 
     def _aux_history(self, conn, mname, subject, target, event, actor, from_state, row, args) -> None:
-        detail = {k: args[k] for k in ("owner", "operator", "approver", "reason") if args.get(k)}
+        detail = {k: args[k] for k in DETAIL_FIELDS if args.get(k)}
         conn.execute(
             sa.insert(claim_history).values(
                 machine=mname,
@@ -250,8 +331,8 @@ class SqlClaims:
     def _ensure_claim_row(self, conn: Connection, target: str) -> None:
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
+        else:  # the same on_conflict_do_nothing API as PostgreSQL's
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
         conn.execute(
             insert(claims)
             .values(target=target, state=self.claim_table.initial, epoch=0, target_version=0, updated_at=self._now)
@@ -289,10 +370,12 @@ class SqlClaims:
                     i.target,
                     version,
                     _p("approver"),
-                    self._now + _p("expires_in", sa.Float(53)),
+                    sa.func.coalesce(_p("expires_at", sa.Float(53)), self._now + _p("expires_in", sa.Float(53))),
                     sa.literal(ev.target, sa.Text),
                     self._now,
                     self._now,
+                    _p("signature"),
+                    _p("signing_key_id"),
                 )
                 .select_from(intents.join(claims, cl.target == i.target))
                 .where(i.key == _p("key"), *checks)
@@ -309,10 +392,15 @@ class SqlClaims:
                 "state",
                 "approved_at",
                 "updated_at",
+                "signature",
+                "signing_key_id",
             ]
             params = self._aux_params(args["approval_id"], args) | {
                 "c_target_version": args["target_version"],
                 "c_expires_in": args["expires_in"],
+                "c_expires_at": args["expires_at"],
+                "c_signature": args["signature"],
+                "c_signing_key_id": args["signing_key_id"],
             }
             row = (
                 conn.execute(sa.insert(approvals).from_select(cols, src).returning(*approvals.c), params)
@@ -355,7 +443,9 @@ class SqlClaims:
             self._aux_history(conn, "approval", approval_id, row["target"], event, actor, before["state"], row, args)
             return _approval(row)
 
-    def _coupled_moves(self, conn: Connection, ev, intent_row: Mapping[str, Any], args: Mapping[str, Any]) -> None:
+    def _coupled_moves(
+        self, conn: Connection, ev, intent_row: Mapping[str, Any] | RowMapping, args: Mapping[str, Any]
+    ) -> None:
         """The claim (and approval) moves an approval-gated intent's move carries, in its transaction.
         A non-required coupling applies only when the claim is bound to the intent and in a source state."""
         cev_name = ev.couples.get("claim")
@@ -400,18 +490,19 @@ class SqlClaims:
             arow = self._aux_step(conn, "approval", aev, aid, inputs | {"claim_epoch": before["epoch"]})
             self._aux_history(conn, "approval", aid, target, aev, cev.actor, a_before, arow, inputs)
 
-    def _record_claim_refusal(self, target: str, exc: GuardRefused, args: Mapping[str, Any]) -> None:
+    def _record_claim_refusal(self, target: str, exc: Rejected, args: Mapping[str, Any]) -> None:
         with self._tx() as conn:
             row = self._claim_row_before(conn, target)
             if row is None:
                 return
-            last = conn.execute(
-                sa.select(sa.func.max(claim_history.c.seq)).where(
-                    claim_history.c.target == target, claim_history.c.machine == "claim"
-                )
-            ).scalar_one()
+            h = claim_history.c
+            moves = conn.execute(
+                sa.select(h.seq, h.epoch).where(h.target == target, h.machine == "claim").order_by(h.seq)
+            ).all()
+            last = claim_superseding_move([tuple(m) for m in moves], args.get("claim_epoch"))
             conn.execute(
                 sa.insert(refusals).values(
+                    claim_seq=self._next_claim_seq(conn),
                     key=f"claim:{target}",
                     event=exc.event,
                     guard=exc.guard,
@@ -425,6 +516,47 @@ class SqlClaims:
                     recorded_at=self._now,
                 )
             )
+
+    def _next_claim_seq(self, conn: Connection) -> int:
+        """A number from the claim log's one sequence (``aom_claim_history.seq``), for a claim refusal, so
+        moves and refusals of a target sort together (migration 0007). PostgreSQL: the identity's own
+        sequence; SQLite: its AUTOINCREMENT counter, bumped in this write transaction in one statement."""
+        if self.dialect == "postgresql":
+            return int(
+                conn.execute(sa.text("SELECT nextval(pg_get_serial_sequence('aom_claim_history', 'seq'))")).scalar_one()
+            )
+        top = "coalesce((SELECT max(seq) FROM aom_claim_history), 0)"
+        got = conn.execute(
+            sa.text(
+                f"UPDATE sqlite_sequence SET seq = max(seq, {top}) + 1 WHERE name = 'aom_claim_history' RETURNING seq"
+            )
+        ).scalar()
+        if got is None:  # no claim history row was ever written: the counter starts here
+            conn.execute(sa.text(f"INSERT INTO sqlite_sequence (name, seq) VALUES ('aom_claim_history', {top} + 1)"))
+            got = conn.execute(sa.text("SELECT seq FROM sqlite_sequence WHERE name = 'aom_claim_history'")).scalar()
+        return int(got)  # type: ignore[arg-type]  # the statements above leave the counter set
+
+    # -- signed approvals -----------------------------------------------------------------------
+    def _write_operator_key(self, row):
+        with self._tx() as conn:
+            out = (
+                conn.execute(sa.insert(operator_keys).values(**row, added_at=self._now).returning(*operator_keys.c))
+                .mappings()
+                .one()
+            )
+            return OperatorKey(**out)
+
+    def operator_key(self, key_id: str) -> OperatorKey | None:
+        check_text("key id", key_id, max_chars=64)
+        with self._tx() as conn:
+            row = conn.execute(sa.select(operator_keys).where(operator_keys.c.key_id == key_id)).mappings().first()
+            return None if row is None else OperatorKey(**row)
+
+    def signing_required(self, account: str) -> bool:
+        check_text("account", account)
+        p = signing_policies.c
+        with self._tx() as conn:
+            return bool(conn.execute(sa.select(sa.exists().where(p.account == account, p.required))).scalar_one())
 
     # -- reads ------------------------------------------------------------------------------------
     def claim(self, target: str) -> Claim | None:
@@ -485,7 +617,7 @@ class SqlClaims:
             ]
 
 
-def _approval(row: Mapping[str, Any]) -> Approval:
+def _approval(row: Mapping[str, Any] | RowMapping) -> Approval:
     return Approval(**{k: row[k] for k in Approval.__dataclass_fields__})
 
 

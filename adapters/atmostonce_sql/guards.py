@@ -19,13 +19,23 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from .schema import contracts, credentials, kill_switches, meta, rate_limits, sources, text_claims
+from .schema import (
+    TEXT_WINDOW_SETTING,
+    contracts,
+    credentials,
+    kill_switches,
+    meta,
+    rate_limits,
+    settings,
+    sources,
+    text_claims,
+)
 
-__all__ = ["PARAMS", "SQL_GUARDS", "SqlGuard"]
+__all__ = ["PARAMS", "SQL_GUARDS", "SqlGuard", "text_window_expr"]
 
 SqlGuard = Callable[[Any, ColumnElement], ColumnElement]
 
-PARAMS = {
+PARAMS: dict[str, sa.types.TypeEngine[Any]] = {
     "attempt_token": sa.Text(),
     "generation": sa.BigInteger(),
     "request_digest": sa.Text(),
@@ -102,13 +112,20 @@ def contract_supported(c, now):
     return ~sa.exists().where(ct.platform == p("platform"), ct.version.is_distinct_from(p("contract_version")))
 
 
+def text_window_expr() -> ColumnElement:
+    """The duplicate-text window in seconds: the stored policy (``aom_settings``), else the store's default
+    (``p_text_window``), read inside the statement that uses it."""
+    stored = sa.select(settings.c.value).where(settings.c.name == TEXT_WINDOW_SETTING).scalar_subquery()
+    return sa.func.coalesce(stored, p("text_window"))
+
+
 def text_window_clear(c, now):
     t = text_claims.c
     clash = sa.exists().where(
         t.account == c.account,
         t.text_hash == c.text_hash,
         sa.not_(t.released),
-        t.start_at < now + p("text_window"),
+        t.start_at < now + text_window_expr(),
         t.end_at > now,
     )
     return sa.or_(c.text_hash.is_(None), ~clash)

@@ -650,9 +650,9 @@ def postgres_url_for_tests() -> tuple[str, Callable[[], None]]:
 
     if _docker_available():
         try:
-            from testcontainers.community.postgres import PostgresContainer  # type: ignore[import-not-found]
+            from testcontainers.community.postgres import PostgresContainer  # type: ignore[import-not-found,unused-ignore]
         except ImportError:
-            from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found,no-redef]
+            from testcontainers.postgres import PostgresContainer  # type: ignore[import-not-found,no-redef,unused-ignore]
 
         container = PostgresContainer("postgres:15", username="postgres", password="postgres", dbname="postgres")
         container.start()

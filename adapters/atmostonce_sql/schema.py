@@ -19,6 +19,7 @@ __all__ = [
     "contracts",
     "credentials",
     "kill_switches",
+    "late_outcomes",
     "meta",
     "text_claims",
     "attempt_outcomes",
@@ -227,7 +228,7 @@ refusals = sa.Table(
     sqlite_autoincrement=True,
 )
 
-APPEND_ONLY_TABLES = (
+APPEND_ONLY_TABLES: tuple[str, ...] = (
     "aom_attempts",
     "aom_attempt_outcomes",
     "aom_history",
@@ -303,3 +304,129 @@ rate_limits = sa.Table(
     sa.Column("used", sa.Integer, nullable=False, server_default=sa.text("0")),
     sa.CheckConstraint("max_sends > 0 AND window_seconds > 0 AND used >= 0", name="aom_rate_limits_sane"),
 )
+
+# -- migration 0005 (fence tombstones): the fence epoch of the platform idempotency key, and the epochs
+# each attempt's key was composed from (docs/design.md, "A fence is a tombstone")
+intents.append_column(sa.Column("fence_epoch", sa.Integer, nullable=False, server_default=sa.text("0")))
+attempts.append_column(sa.Column("resend_epoch", sa.Integer, nullable=True))  # NULL: begun before 0005
+attempts.append_column(sa.Column("fence_epoch", sa.Integer, nullable=False, server_default=sa.text("0")))
+
+# ---- migration 0007 (late evidence; claim log on one sequence) ----
+# Late outcomes (docs/design.md#late-outcomes-are-evidence): what a worker presented after its move was
+# refused, on the attempt it was for. Append-only; it moves no state.
+late_outcomes = sa.Table(
+    "aom_late_outcomes",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("key", sa.Text, sa.ForeignKey("aom_intents.key"), nullable=False),
+    sa.Column("attempt_token", sa.Text, sa.ForeignKey("aom_attempts.attempt_token"), nullable=False),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
+    sa.Column("refused_event", sa.Text, nullable=False),
+    sa.Column("refused_by", sa.Text, nullable=False),
+    sa.Column("remote_id", sa.Text, nullable=True),
+    sa.Column("response_digest", sa.Text, nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("worker_time", sa.Float(53), nullable=True),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sa.Index("aom_late_outcomes_key_seq", "key", "seq"),
+    sqlite_autoincrement=True,
+)
+APPEND_ONLY_TABLES = (*APPEND_ONLY_TABLES, "aom_late_outcomes")
+# Claim refusals numbered on the claim log's sequence (aom_claim_history.seq), so a target's moves and refused
+# stale claim writes interleave by sequence; NULL for intent refusals and for rows written before 0007.
+refusals.append_column(sa.Column("claim_seq", sa.BigInteger, nullable=True))
+
+# -- migration 0008 (signed approvals, docs/design.md#signed-approvals) ---------------------------------
+# Operators' Ed25519 public keys (registered by an administrator), the per-account signing policy, and
+# the signature and key id an approval carries (both NULL for an unsigned approval).
+operator_keys = sa.Table(
+    "aom_operator_keys",
+    metadata,
+    sa.Column("key_id", sa.Text, primary_key=True),
+    sa.Column("operator", sa.Text, nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("added_by", sa.Text, nullable=False),
+    sa.Column("added_at", sa.Float(53), nullable=False),
+    sa.CheckConstraint(
+        "length(trim(operator)) > 0 AND length(trim(added_by)) > 0 AND length(public_key) = 64",
+        name="aom_operator_keys_sane",
+    ),
+)
+signing_policies = sa.Table(
+    "aom_signing_policies",
+    metadata,
+    sa.Column("account", sa.Text, primary_key=True),
+    sa.Column("required", sa.Boolean, nullable=False),
+)
+approvals.append_column(sa.Column("signature", sa.Text, nullable=True))
+approvals.append_column(sa.Column("signing_key_id", sa.Text, nullable=True))
+__all__ += ["operator_keys", "signing_policies"]
+
+# -- migration 0011 (failovers, docs/design.md "Failover and synchronous replication") ----------------------
+# One row per server timeline a store in HA mode found: the first, then each failover (and its fence, if any).
+failovers = sa.Table(
+    "aom_failovers",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("timeline", sa.BigInteger, nullable=False, unique=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("mode", sa.Text, nullable=False),
+    sa.Column("restore_epoch", sa.BigInteger, nullable=True),
+    sa.Column("fenced", sa.Integer, nullable=True),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sa.CheckConstraint("kind IN ('first_seen', 'failover')", name="aom_failovers_kind"),
+    sqlite_autoincrement=True,
+)
+APPEND_ONLY_TABLES = (*APPEND_ONLY_TABLES, "aom_failovers")
+__all__ += ["failovers"]
+
+# ---- migration 0010 (the hot path, docs/design.md#two-durable-points-per-send) ----
+# what a worker's poll picks (``claimable``): queued intents with no open attempt, oldest first. A partial
+# index holds only those rows, so a poll reads the few it returns however large the table or the backlog
+# is, and whatever the planner's statistics say about the state column.
+CLAIMABLE_WHERE = "state = '{initial}' AND attempt_token IS NULL"
+
+
+def claimable_where(initial: str) -> str:
+    """The claimable index's predicate for the table's initial state (a table state name: an identifier)."""
+    if not initial.isidentifier():
+        raise ValueError(f"a state name is an identifier, got {initial!r}")
+    return CLAIMABLE_WHERE.format(initial=initial)
+
+
+def _claimable_index() -> sa.Index:
+    from atmostonce.table import table
+
+    where = sa.text(claimable_where(table().initial))
+    return sa.Index("aom_intents_claimable", intents.c.created_at, postgresql_where=where, sqlite_where=where)
+
+
+_claimable_index()
+
+# ---- migration 0012 (policy changes on the record, docs/design.md#policy-changes-are-on-the-record) ----
+# Every policy change with its new value (JSON) and the operator who made it (NULL: a program, no person
+# named), on the database clock, in the transaction of the change itself. Append-only.
+policy_changes = sa.Table(
+    "aom_policy_changes",
+    metadata,
+    sa.Column("seq", sa.BigInteger().with_variant(sa.Integer, "sqlite"), sa.Identity(), primary_key=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
+    sa.Column("value", JSONType, nullable=True),
+    sa.Column("operator", sa.Text, nullable=True),
+    sa.Column("recorded_at", sa.Float(53), nullable=False),
+    sqlite_autoincrement=True,
+)
+APPEND_ONLY_TABLES = (*APPEND_ONLY_TABLES, "aom_policy_changes")
+# Store-wide policy values by name: ``text_window_seconds`` (the duplicate-text window; no row: the store's
+# configured default), read by the ``text_window_clear`` guard inside its conditional write.
+settings = sa.Table(
+    "aom_settings",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("value", sa.Float(53), nullable=False),
+)
+TEXT_WINDOW_SETTING = "text_window_seconds"
+__all__ += ["policy_changes", "settings", "TEXT_WINDOW_SETTING"]

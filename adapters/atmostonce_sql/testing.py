@@ -6,7 +6,9 @@
 * :class:`SqliteDatabases`: the same for SQLite files (a migrated template file is copied).
 * :func:`age_leases`: moves a store's deadlines back by ``seconds``, which is
   what the database clock moving forward means to every lease judgement. The
-  append-only tables are not touched.
+  append-only tables are not touched. Real time still passes under it.
+* :class:`SetClockStore`: a store whose database clock is a value the test sets, so nothing
+  moves with real time: what a test that compares the store with a model on its own clock needs.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .migrate import upgrade
 from .schema import approvals, claims, intents, rate_limits, text_claims
 from .store import SqlStore
 
-__all__ = ["PostgresDatabases", "SqliteDatabases", "age_leases"]
+__all__ = ["PostgresDatabases", "SetClockStore", "SqliteDatabases", "age_leases"]
 
 
 def age_leases(store: SqlStore, seconds: float) -> None:
@@ -119,9 +121,32 @@ class SqliteDatabases:
         return f"sqlite:///{path}"
 
     def drop(self, url: str) -> None:
-        path = Path(make_url(url).database)
+        path = Path(make_url(url).database)  # type: ignore[arg-type]  # a sqlite:/// URL names its file
         for suffix in ("", "-wal", "-shm"):
             Path(str(path) + suffix).unlink(missing_ok=True)
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class SetClockStore(SqlStore):
+    """A :class:`SqlStore` whose database clock reads the one-row table ``aom_test_clock`` (created here, in
+    the store's database), so every deadline, window and timestamp is judged against the time the test sets
+    with :meth:`set_clock` (float seconds since the Unix epoch), never against the wall clock. For fresh
+    test databases only. ``close()`` leaves ``engine`` to its owner."""
+
+    def __init__(self, engine: sa.engine.Engine, start: float = 0.0):
+        super().__init__(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE aom_test_clock (t double precision NOT NULL)")
+            conn.execute(sa.text("INSERT INTO aom_test_clock VALUES (:t)"), {"t": float(start)})
+        self._now = sa.select(sa.column("t", sa.Float(53))).select_from(sa.table("aom_test_clock")).scalar_subquery()
+
+    def set_clock(self, t: float) -> None:
+        """Set the database clock to ``t`` seconds since the Unix epoch."""
+        with self.engine.begin() as conn:
+            conn.execute(sa.text("UPDATE aom_test_clock SET t = :t"), {"t": float(t)})
+
+    def close(self) -> None:
+        if isinstance(self._autocommit, sa.engine.Engine) and self._autocommit is not self.engine:
+            self._autocommit.dispose()
