@@ -11,19 +11,23 @@ proves absence may be retried; every other unknown stays unknown.
 from __future__ import annotations
 
 import random
+import shlex
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from atmostonce.errors import Rejected
-from atmostonce.runtime import CRASH_POINTS, Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
+from atmostonce.identity import split_platform_idempotency_key
+from atmostonce.plugins import open_store as open_store_url
+from atmostonce.runtime import CRASH_POINTS, RuntimeConfig, SimulatedCrash
+from atmostonce.service import Outbox, OutboxReport
 
-from .stores import open_store_url
+from .urls import usable_url
 
 __all__ = ["DEFAULT_FAULT_MIX", "DemoResult", "run_demo"]
 
@@ -55,6 +59,8 @@ class DemoResult:
     finished: bool
     parked_with_object: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    password_left_out: bool = False
+    """``database`` is the URL the demo ran on, ready for ``--database-url``, but without its password."""
 
     @property
     def ok(self) -> bool:
@@ -122,19 +128,6 @@ def run_demo(
     run = uuid.uuid4().hex[:8]
     config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5)
     crasher = _Crasher(crash_rate, seed)
-    outcomes: dict[str, int] = {}
-    olock = threading.Lock()
-
-    def on_result(key: str, result: Any) -> None:
-        if isinstance(result, str):
-            name = result
-        elif isinstance(result, Rejected):  # e.g. a lease that expired while the worker was slow
-            name = f"refused:{result.event}:{result.guard}"
-        else:
-            name = f"crash:{result}" if isinstance(result, SimulatedCrash) else type(result).__name__
-        with olock:
-            outcomes[name] = outcomes.get(name, 0) + 1
-
     started = time.monotonic()
     with PlatformSink(dedupe=False, fenced_lookup=True, delay_seconds=1.2, read_lag_seconds=0.4) as sink:
         sink.set_fault_mix(fault_mix if fault_mix is not None else DEFAULT_FAULT_MIX, seed=seed)
@@ -152,40 +145,34 @@ def run_demo(
             store.submit(f"demo-account-{i % 3}", "post", "demo-room", {"text": f"demo post {i} of run {run}"}).key
             for i in range(n)
         ]
-        stop = threading.Event()
-        dispatcher = Dispatcher(store, transport, config, crash=crasher)
-        threads = [
-            Worker(dispatcher, lambda: store.claimable(32), stop=stop, on_result=on_result, seed=seed + i)
-            for i in range(workers)
-        ]
-        for t in threads:
-            t.start()
-        sweeper, reconciler = Sweeper(store, config), Reconciler(store, transport, config)
+        outbox = Outbox(
+            store, transport, workers=workers, config=config, crash=crasher, seed=seed,
+            sweep_every=0.1, reconcile_every=0.1, poll_every=0.02,
+        )  # fmt: skip
+        last = [0.0]
+
+        def on_tick(_report: OutboxReport) -> None:
+            if progress is not None and time.monotonic() - last[0] >= progress_every:
+                _progress(progress, store.count_by_state(), time.monotonic() - started)
+                last[0] = time.monotonic()
+
+        report = outbox.run(until_idle=True, timeout=timeout, on_tick=on_tick)
+        outcomes = (
+            report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
+        )
         open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
-        finished = False
-        last = 0.0
-        while time.monotonic() - started < timeout:
-            time.sleep(0.1)
-            sweeper.tick()
-            for name, v in reconciler.run().items():
-                with olock:
-                    outcomes[f"reconcile:{name}"] = outcomes.get(f"reconcile:{name}", 0) + v
-            counts = store.count_by_state()
-            if progress is not None and time.monotonic() - last >= progress_every:
-                _progress(progress, counts, time.monotonic() - started)
-                last = time.monotonic()
-            if all(counts[s] == 0 for s in open_kinds):
-                finished = True
-                break
-        stop.set()
-        for t in threads:
-            t.join(timeout=10)
         counts = store.count_by_state()
+        finished = all(counts[s] == 0 for s in open_kinds)
         if progress is not None:
             _progress(progress, counts, time.monotonic() - started, final=True)
         by_key = sink.creates_by_key
         dup_keys = sorted(k for k, c in by_key.items() if c > 1)
-        on_platform = {obj["body"].get("delivery_key") for obj in sink.objects.values()}
+        # the body carries the platform key (key_field): the delivery key plus its epochs, if any
+        on_platform = {
+            split_platform_idempotency_key(dk)[0]
+            for dk in (obj["body"].get("delivery_key") for obj in sink.objects.values())
+            if isinstance(dk, str) and dk
+        }
         finals = {k: store.get(k) for k in keys}
         missing = sum(1 for it in finals.values() if it.state == "published" and it.key not in on_platform)
         parked_on_platform = sum(1 for it in finals.values() if it.state == "parked" and it.key in on_platform)
@@ -201,7 +188,8 @@ def run_demo(
             outcomes=dict(sorted(outcomes.items())),
             faults=dict(sink.faults_applied),
             seconds=round(time.monotonic() - started, 2),
-            database=database_url if tmp is not None else database_url.split("@")[-1],
+            database=usable_url(database_url)[0],
+            password_left_out=usable_url(database_url)[1],
             finished=finished,
             parked_with_object=parked_on_platform,
         )
@@ -211,7 +199,7 @@ def run_demo(
 
 
 def format_result(r: DemoResult) -> str:
-    rows = [("intents", r.intents)]
+    rows: list[tuple[str, object]] = [("intents", r.intents)]
     rows += [(f"  {state}", count) for state, count in r.by_state.items()]
     rows += [
         ("create requests the platform received", r.create_requests),
@@ -230,5 +218,8 @@ def format_result(r: DemoResult) -> str:
     if not r.finished:
         lines.append("NOT SETTLED: stopped at the timeout with intents still open")
     lines.append("OK: at most once" if r.ok else f"FAILED: duplicates for {r.duplicate_keys[:5]}")
-    lines.append(f"database kept at {r.database}: inspect it with `atmostonce intents list --database-url URL`")
+    lines.append(f"database kept at {r.database}; inspect it with:")
+    lines.append(f"  atmostonce intents list --database-url {shlex.quote(r.database)}")
+    if r.password_left_out:
+        lines.append("  (the password is left out: give it through PGPASSWORD or ~/.pgpass)")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """HTTP transport for atmostonce, plus a local platform sink to test it against.
 
-* :class:`HttpTransport` (``atmostonce.transport.Transport`` on httpx, retries off).
+* :class:`HttpTransport` (``atmostonce.transport.Transport`` on httpx, retries off) and
+  :class:`AsyncHttpTransport` (``atmostonce.transport.AsyncTransport`` on ``httpx.AsyncClient``, the same classification).
 * :class:`HttpPlatformConfig`: a JSON REST platform described as data; :func:`sink_config` for the sink.
 * :class:`HttpTransportError`: a read-back or lookup got no usable answer.
 * :class:`PlatformSink`: a local posting API with fault injection (imported lazily).
@@ -12,12 +13,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .transport import HttpPlatformConfig, HttpTransport, HttpTransportError, sink_config
+from .transport import AsyncHttpTransport, HttpPlatformConfig, HttpTransport, HttpTransportError, sink_config
 
 if TYPE_CHECKING:
     from .sink import PlatformSink
 
-__all__ = ["HttpPlatformConfig", "HttpTransport", "HttpTransportError", "PlatformSink", "sink_config"]
+__all__ = [
+    "AsyncHttpTransport",
+    "HttpPlatformConfig",
+    "HttpTransport",
+    "HttpTransportError",
+    "PlatformSink",
+    "sink_config",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -45,6 +45,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+from atmostonce.identity import platform_idempotency_key, split_platform_idempotency_key
+
 __all__ = ["FAULTS", "Fault", "PlatformSink", "main"]
 
 FAULTS = (
@@ -145,7 +147,6 @@ class _Handler(BaseHTTPRequestHandler):
     # ---------------------------------------------------------------- methods
     def do_POST(self) -> None:
         sink = self.server.sink
-        arrived = time.monotonic()
         raw = self._read_body()
         if raw is None:
             return
@@ -176,12 +177,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._reset()
             return
         lag = fault.seconds if fault.kind == "read_lag" else 0.0
-        written = sink._write(doc, self.headers.get("Idempotency-Key"), lag, arrived)
+        written = sink._write(doc, self.headers.get("Idempotency-Key"), lag)
         if written is None:  # dry run was switched on while this request was in flight
             self._json(403, {"error": "dry run: nothing is written"})
             return
-        if written == "fenced":  # a fenced lookup already answered "absent" for this key
-            self._json(409, {"error": "fenced: a lookup proved this key absent before the write"})
+        if isinstance(written, str):  # "fenced": a fenced lookup answered "absent" for this key: its tombstone refuses
+            self._json(409, {"error": "fenced: a lookup proved this key absent; the key is tombstoned"})
             return
         obj, created = written
         if fault.kind == "error_after_write":
@@ -274,16 +275,19 @@ class PlatformSink:
     ``read_lag_seconds`` (defaults for those faults). Counters (read any time):
     ``requests`` (create requests received), ``creates`` (objects ever
     created), ``objects`` (id -> object, a copy), ``creates_by_key`` (creates
-    per ``body["delivery_key"]`` if it is a string, else per idempotency key;
-    a count above 1 is a duplicate), ``faults_applied`` (kind -> count).
+    per ``body["delivery_key"]`` if it is a string, else per idempotency key,
+    without its fence epoch: a count above 1 is a duplicate), ``faults_applied`` (kind -> count).
 
     ``dedupe=False`` plays a platform without idempotency keys: every create
     that reaches the write makes a new object, so any resend shows up as a
     duplicate. ``fenced_lookup=True`` makes ``GET /posts?key=`` a fence: it
-    ignores read lag, and once it has answered "not found" for a key, no create
-    request with that key that arrived before the answer may write (it gets 409).
-    That is the guarantee a platform's idempotency-status API must give for a
-    not-found answer to prove absence (seed 004 M4).
+    ignores read lag, and once it has answered "not found" for a key it leaves a
+    **tombstone** on that key: every later create request carrying it is refused
+    with 409 and writes nothing, for the sink's lifetime, whenever the request
+    arrived (one still in the network when the lookup answered included). That is
+    the guarantee a platform's idempotency-status API must give for a not-found
+    answer to prove absence (docs/design.md, "A fence is a tombstone");
+    ``tombstone_refusals`` counts the creates it refused.
     """
 
     def __init__(
@@ -306,7 +310,8 @@ class PlatformSink:
         self._dry_run = dry_run
         self.dedupe = dedupe
         self.fenced_lookup = fenced_lookup
-        self._fenced_at: dict[str, float] = {}
+        self._tombstones: set[str] = set()
+        self._tombstone_refusals = 0
         self._ids = itertools.count(1)
         self._objects: dict[str, dict[str, Any]] = {}
         self._by_key: dict[str, str] = {}
@@ -463,6 +468,17 @@ class PlatformSink:
             return dict(self._creates_by_key)
 
     @property
+    def tombstone_refusals(self) -> int:
+        """Create requests refused because a fenced lookup had tombstoned their key."""
+        with self._cond:
+            return self._tombstone_refusals
+
+    def wait_for_tombstone_refusals(self, n: int, timeout: float) -> bool:
+        """Block until ``tombstone_refusals >= n`` or ``timeout`` seconds pass; returns whether it was reached."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._tombstone_refusals >= n, timeout)
+
+    @property
     def faults_applied(self) -> dict[str, int]:
         with self._cond:
             return dict(self._faults_applied)
@@ -494,15 +510,16 @@ class PlatformSink:
             with self._cond:
                 self._faults_applied[fault.kind] += 1
 
-    def _write(
-        self, body: dict[str, Any], key: str | None, lag: float, arrived: float = float("inf")
-    ) -> tuple[dict[str, Any], bool] | str | None:
+    def _write(self, body: dict[str, Any], key: str | None, lag: float) -> tuple[dict[str, Any], bool] | str | None:
         """Create (or find by ``key``) an object: ``(object, created)``; ``None`` in dry run;
-        ``"fenced"`` when a fenced lookup answered "not found" after this request arrived."""
+        ``"fenced"`` when a fenced lookup has answered "not found" for ``key`` (its tombstone refuses
+        every create with that key, whenever it arrived)."""
         with self._cond:
             if self._dry_run:
                 return None
-            if key is not None and arrived <= self._fenced_at.get(key, float("-inf")):
+            if key is not None and key in self._tombstones:
+                self._tombstone_refusals += 1
+                self._cond.notify_all()
                 return "fenced"
             existing = self._by_key.get(key) if key is not None and self.dedupe else None
             if existing is not None and existing in self._objects:
@@ -515,6 +532,9 @@ class PlatformSink:
             self._creates += 1
             dk = body.get("delivery_key")
             count_key = dk if isinstance(dk, str) else key
+            if count_key is not None:  # a retry under the next fence epoch is the same delivery
+                delivery, resend, _fence = split_platform_idempotency_key(count_key)
+                count_key = platform_idempotency_key(delivery, resend)
             if count_key is not None:
                 self._creates_by_key[count_key] += 1
             if lag > 0:
@@ -528,10 +548,10 @@ class PlatformSink:
             obj = self._objects.get(oid) if oid is not None else None
             if by_key and self.fenced_lookup:
                 if obj is None:
-                    self._fenced_at[ident] = time.monotonic()
+                    self._tombstones.add(ident)  # for ever: no later create with this key may write
                     return None
                 return dict(obj)
-            if obj is None or time.monotonic() < self._visible_at.get(oid, 0.0):
+            if obj is None or time.monotonic() < self._visible_at.get(oid, 0.0):  # type: ignore[arg-type]  # obj: oid
                 return None
             return dict(obj)
 

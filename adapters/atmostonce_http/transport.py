@@ -21,6 +21,8 @@ import json
 import math
 import re
 import ssl
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +31,8 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 
 from atmostonce.errors import AtMostOnceError
-from atmostonce.identity import canonical_json, digest_bytes
+from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
+from atmostonce.projection import Comparison, check_projection, compare
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -47,7 +50,7 @@ from atmostonce.transport import (
 from ._pointer import pointer_get, pointer_set, split_pointer
 from .classify import Classification, OutcomeTable, error_kind, outcome_table
 
-__all__ = ["HttpPlatformConfig", "HttpTransport", "HttpTransportError", "sink_config"]
+__all__ = ["AsyncHttpTransport", "HttpPlatformConfig", "HttpTransport", "HttpTransportError", "sink_config"]
 
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
@@ -85,6 +88,38 @@ def _seconds(name: str, value: Any, *, optional: bool = False) -> None:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
+def _check_plain_type(name: str, hint: Any, value: Any) -> None:
+    """``value`` (parsed JSON) has the plain type field ``name`` is annotated with; else ``ValueError``.
+    A tuple field takes a JSON array (or, for ``headers`` and ``projection``, an object); what is inside
+    it is checked by ``__post_init__``."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for t in options:
+        t = typing.get_origin(t) or t
+        if t is type(None) and value is None:
+            return
+        if t is bool and isinstance(value, bool):
+            return
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if t is str and isinstance(value, str):
+            return
+        if t is tuple and (
+            isinstance(value, (list, tuple)) or (name in _MAPPING_FIELDS and isinstance(value, Mapping))
+        ):
+            return
+    want = " or ".join(_JSON_NAMES.get(typing.get_origin(t) or t, str(t)) for t in options)
+    if name in _MAPPING_FIELDS:
+        want += " or an object"
+    raise ValueError(f"platform config {name} must be {want}, got {json.dumps(value, default=repr)}")
+
+
+_MAPPING_FIELDS = frozenset({"headers", "projection"})
+_JSON_NAMES = {str: "a string", bool: "true or false", int: "an integer", float: "a number", tuple: "an array"}
+_JSON_NAMES[type(None)] = "null"
+
+
 @dataclass(frozen=True)
 class HttpPlatformConfig:
     """How to talk to one JSON REST platform. Immutable; every field is plain data.
@@ -98,13 +133,26 @@ class HttpPlatformConfig:
     * ``lookup_path``: template with ``{key}`` (the idempotency key); ``None``: no lookup.
     * ``delete_path`` / ``update_path`` (+ ``update_method``, PUT or PATCH): templates with ``{id}``
       for retractions (delete, correct) of a published object; ``None``: that retraction is unsupported.
-    * ``body_pointer``: where the posted body sits in a read-back or lookup response (``""``: all of it).
+    * ``body_pointer``: where the posted body sits in a read-back response (``""``: all of it).
+    * ``projection``: which fields of the read-back object are compared with which fields of the request
+      (pairs of RFC 6901 pointers ``(request pointer, object pointer)``, or a mapping of them; empty: every
+      top-level request field at the same name). Only these are compared, after text normalization: the
+      platform's own additions (ids, timestamps, renderings) are never a mismatch (``atmostonce.projection``).
+    * ``lookup_id_pointer`` / ``lookup_body_pointer``: the id and the body in a lookup response (``None``:
+      ``id_pointer`` and ``body_pointer``). A lookup answering a JSON array (a filtered collection, as
+      ``GET /posts?key=...`` on most REST servers) is read as its first element; an empty array is "not found".
     * ``idempotency_header``: header carrying the idempotency key (``None``: not sent).
     * ``key_field``: pointer at which the idempotency key is embedded in the body (``None``: not embedded).
     * ``may_exist_statuses``: 4xx codes meaning "may already exist" (classified unknown).
     * ``connect_timeout`` / ``write_timeout`` / ``read_timeout``: seconds (connect also bounds waiting for a pool slot).
-    * ``lookup_fenced``: a not-found lookup proves absence; ``idempotent_resend``: the platform dedupes
-      a resend with the same key (within ``resend_window_seconds``, ``None``: unbounded).
+    * ``lookup_fenced``: a not-found lookup proves absence. Declare it only for a platform whose
+      lookup leaves a tombstone: after answering "not found" for a key it refuses every later create
+      carrying that key, for ever, or for a documented retention R together with its own refusal of
+      any create with that key older than R (``Capabilities.fenced_lookup`` states the contract). A
+      lookup that fences only the requests that had already arrived does not qualify: a request still
+      in the network would land after the answer (docs/design.md, "A fence is a tombstone").
+    * ``idempotent_resend``: the platform dedupes a resend with the same key (within
+      ``resend_window_seconds``, ``None``: unbounded).
     * ``headers``: static extra headers as ``(name, value)`` pairs; ``verify`` / ``ca_file``: TLS checking;
       ``trust_env``: honour proxy environment variables (off: a proxy would blur the classification);
       ``max_connections``: concurrent sends.
@@ -123,6 +171,9 @@ class HttpPlatformConfig:
     update_path: str | None = None
     update_method: str = "PUT"
     body_pointer: str = ""
+    projection: tuple[tuple[str, str], ...] = ()
+    lookup_id_pointer: str | None = None
+    lookup_body_pointer: str | None = None
     idempotency_header: str | None = "Idempotency-Key"
     key_field: str | None = None
     may_exist_statuses: tuple[int, ...] = (409,)
@@ -164,6 +215,10 @@ class HttpPlatformConfig:
                 raise ValueError("set id_pointer or id_from_location=True")
             split_pointer(self.id_pointer)
         split_pointer(self.body_pointer)
+        for name in ("lookup_id_pointer", "lookup_body_pointer"):
+            if getattr(self, name) is not None:
+                split_pointer(getattr(self, name))
+        object.__setattr__(self, "projection", check_projection(self.projection))
         if self.key_field is not None and not split_pointer(self.key_field):
             raise ValueError("key_field must point inside the body, e.g. '/idempotency_key'")
         if self.idempotency_header is not None:
@@ -194,14 +249,23 @@ class HttpPlatformConfig:
     def from_mapping(cls, data: Mapping[str, Any]) -> HttpPlatformConfig:
         """Build from plain data (e.g. parsed TOML/JSON). ``headers`` may be a mapping.
 
-        Raises ``ValueError`` for unknown keys, a missing ``base_url`` or an invalid value.
+        Raises ``ValueError`` for data that is not a mapping, unknown keys, a missing ``base_url``, a value
+        of the wrong JSON type for its field (a string where a boolean belongs, a number for a path) or an
+        invalid value.
         """
+        if not isinstance(data, Mapping):
+            raise ValueError(f"platform config must be a JSON object of fields, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
+        if not all(isinstance(k, str) for k in data):
+            raise ValueError("platform config keys must be strings")
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown platform config keys: {sorted(unknown)}")
         if "base_url" not in data:
             raise ValueError("platform config needs base_url")
+        hints = typing.get_type_hints(cls)
+        for name, value in data.items():
+            _check_plain_type(name, hints[name], value)
         kwargs = dict(data)
         if isinstance(kwargs.get("headers"), Mapping):
             kwargs["headers"] = tuple(kwargs["headers"].items())
@@ -214,6 +278,7 @@ class HttpPlatformConfig:
         out = dataclasses.asdict(self)
         out["may_exist_statuses"] = list(self.may_exist_statuses)
         out["headers"] = dict(self.headers)
+        out["projection"] = [list(p) for p in self.projection]
         return out
 
     @property
@@ -229,26 +294,16 @@ class HttpPlatformConfig:
 
 
 def sink_config(base_url: str, **overrides: Any) -> HttpPlatformConfig:
-    """Config for :class:`atmostonce_http.sink.PlatformSink` at ``base_url``; ``overrides`` replace fields.
+    """Config for :class:`atmostonce_http.sink.PlatformSink` at ``base_url``: the shipped profile
+    ``spec/platforms/local_sink.toml`` with ``base_url`` filled in; ``overrides`` replace fields.
 
     The sink dedupes by ``Idempotency-Key`` (so ``idempotent_resend``) but its
     lookup is not fenced: with read lag a missing object may still exist.
     """
-    cfg = HttpPlatformConfig(
-        base_url=base_url,
-        create_path="/posts",
-        create_method="POST",
-        id_pointer="/id",
-        read_back_path="/posts/{id}",
-        lookup_path="/posts?key={key}",
-        delete_path="/posts/{id}",
-        update_path="/posts/{id}",
-        body_pointer="/body",
-        idempotency_header="Idempotency-Key",
-        may_exist_statuses=(409,),
-        lookup_fenced=False,
-        idempotent_resend=True,
-    )
+    from .profile import load_profile  # the shipped profile spec/platforms/local_sink.toml
+
+    cfg = load_profile("local_sink", base_url=base_url).config
+    assert cfg is not None
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
@@ -262,13 +317,11 @@ def _usable_id(value: Any) -> str | None:
     return None
 
 
-class HttpTransport:
-    """The :class:`atmostonce.transport.Transport` for a JSON REST platform.
-
-    ``HttpTransport(config)`` takes an :class:`HttpPlatformConfig` or a mapping
-    for :meth:`HttpPlatformConfig.from_mapping` (``ValueError`` if invalid).
-    Use as a context manager or call :meth:`close`.
-    """
+class _HttpCore:
+    """What the sync and the async HTTP transports share: the config, the request they build, and how an
+    answer is read (the outcome table of ``spec/http_outcomes.toml``, the id and body pointers). Only the
+    client that puts the request on the wire differs; neither retries (``retries=0``, no redirects, no
+    keep-alive)."""
 
     name = "http"
     protocol_version = 1
@@ -278,23 +331,29 @@ class HttpTransport:
         self.capabilities: Capabilities = self.config.capabilities
         self._table = table if table is not None else outcome_table()
         self._base = self.config.base_url.rstrip("/")
+
+    def _client_options(self) -> dict[str, Any]:
+        """The keyword arguments of the httpx client (either kind); its transport is passed beside them."""
         cfg = self.config
-        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=cfg.ca_file) if cfg.ca_file else cfg.verify
-        wire = httpx.HTTPTransport(
-            retries=0,
-            verify=verify,
-            trust_env=cfg.trust_env,
-            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=0),
-        )
-        self._client = httpx.Client(
-            transport=wire,
-            timeout=httpx.Timeout(
+        return {
+            "timeout": httpx.Timeout(
                 connect=cfg.connect_timeout, write=cfg.write_timeout, read=cfg.read_timeout, pool=cfg.connect_timeout
             ),
-            follow_redirects=False,
-            trust_env=cfg.trust_env,
-            headers=dict(cfg.headers),
-        )
+            "follow_redirects": False,
+            "trust_env": cfg.trust_env,
+            "headers": dict(cfg.headers),
+        }
+
+    def _wire_options(self) -> dict[str, Any]:
+        """The keyword arguments of the httpx connection layer: no retries, no kept-alive connection."""
+        cfg = self.config
+        verify: ssl.SSLContext | bool = ssl.create_default_context(cafile=cfg.ca_file) if cfg.ca_file else cfg.verify
+        return {
+            "retries": 0,
+            "verify": verify,
+            "trust_env": cfg.trust_env,
+            "limits": httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=0),
+        }
 
     # ---------------------------------------------------------------- send
     def wire_body(self, request: WireRequest) -> dict[str, Any]:
@@ -303,7 +362,7 @@ class HttpTransport:
 
         Raises ``ValueError`` if the key cannot be embedded or a correction has no corrected body.
         """
-        source = request.body
+        source: Any = request.body  # the request body, or its correction (checked to be an object)
         if request.action == "correct":
             source = request.body.get("correction")
             if not isinstance(source, Mapping):
@@ -319,8 +378,8 @@ class HttpTransport:
             path = path.replace("{" + name + "}", quote(value, safe=""))
         return self._base + path
 
-    def _prepare(self, request: WireRequest) -> httpx.Request:
-        if self._client.is_closed:
+    def _build(self, client: httpx.Client | httpx.AsyncClient, request: WireRequest) -> httpx.Request:
+        if client.is_closed:
             raise ValueError("the transport is closed")
         content = canonical_json(self.wire_body(request))
         headers = httpx.Headers()
@@ -333,14 +392,14 @@ class HttpTransport:
             headers[self.config.idempotency_header] = request.idempotency_key
         if request.action == "create":
             url = self._url(self.config.create_path, key=request.idempotency_key)
-            return self._client.build_request(self.config.create_method, url, content=content, headers=headers)
+            return client.build_request(self.config.create_method, url, content=content, headers=headers)
         path = self.config.delete_path if request.action == "delete" else self.config.update_path
         if path is None or not request.object_id:
             raise ValueError(f"this platform config cannot {request.action} an object (no path, or no object id)")
         url = self._url(path, id=request.object_id)
         if request.action == "delete":
-            return self._client.build_request("DELETE", url, headers=headers)
-        return self._client.build_request(self.config.update_method, url, content=content, headers=headers)
+            return client.build_request("DELETE", url, headers=headers)
+        return client.build_request(self.config.update_method, url, content=content, headers=headers)
 
     def _created_id(self, response: httpx.Response) -> str | None:
         if self.config.id_from_location:
@@ -364,22 +423,16 @@ class HttpTransport:
             return NotSent(f"{c.row}: {detail}")
         return Unknown(f"{c.row}: {detail}")
 
-    def send(self, request: WireRequest) -> SendResult:
-        """Send ``request`` once and classify the result; never raises for a network or HTTP failure.
+    def _unprepared(self, exc: BaseException) -> SendResult:
+        """A request that could not be built: nothing was sent (the ``invalid_request`` row)."""
+        return self._result(self._table.for_error("invalid_request"), f"{type(exc).__name__}: {exc}")
 
-        Returns :class:`Sent` (``remote_id``, SHA-256 of the response body),
-        :class:`NotSent` or :class:`Unknown`, whose ``reason`` starts with the
-        table row that decided (e.g. ``error:connect_refused``, ``status:500-599``).
-        The idempotency key sent is ``request.idempotency_key``.
-        """
-        try:
-            prepared = self._prepare(request)
-        except (ValueError, TypeError, httpx.InvalidURL) as exc:
-            return self._result(self._table.for_error("invalid_request"), f"{type(exc).__name__}: {exc}")
-        try:
-            response = self._client.send(prepared, follow_redirects=False)
-        except Exception as exc:  # classified by the table; anything unrecognised is "other" -> unknown
-            return self._result(self._table.for_error(error_kind(exc)), f"{type(exc).__name__}: {exc}")
+    def _failed(self, exc: BaseException) -> SendResult:
+        """The client raised while sending: classified by the table; anything unrecognised is "other" (unknown)."""
+        return self._result(self._table.for_error(error_kind(exc)), f"{type(exc).__name__}: {exc}")
+
+    def _answered(self, request: WireRequest, response: httpx.Response) -> SendResult:
+        """Classify the platform's answer to ``request``."""
         if request.action != "create":  # a retraction acts on a known object: read-back decides
             if request.action == "delete" and response.status_code in (404, 410):
                 return Sent(str(request.object_id), digest_bytes(response.content))  # already gone
@@ -392,12 +445,6 @@ class HttpTransport:
         return self._result(c, f"HTTP {response.status_code}", remote_id, digest_bytes(response.content))
 
     # ---------------------------------------------------------------- read back / lookup
-    def _get(self, url: str, what: str) -> httpx.Response:
-        try:
-            return self._client.get(url, follow_redirects=False)
-        except Exception as exc:
-            raise HttpTransportError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
-
     def _body_of(self, response: httpx.Response) -> Mapping[str, Any] | None:
         try:
             doc = json.loads(response.content)
@@ -406,33 +453,25 @@ class HttpTransport:
         body = pointer_get(doc, self.config.body_pointer)
         return body if isinstance(body, dict) else None
 
-    def read_back(self, remote_id: str) -> ReadBackResult:
-        """GET the object: :class:`Found` (``body`` at ``body_pointer``, ``None`` if unreadable) or :class:`NotFound` on 404/410.
-
-        Raises :class:`HttpTransportError` when read-back is not configured, on a
-        network failure, or on any other status.
-        """
+    def _read_back_url(self, remote_id: str) -> str:
         if self.config.read_back_path is None:
             raise HttpTransportError("read-back is not configured (read_back_path is None)")
-        response = self._get(self._url(self.config.read_back_path, id=remote_id), "read-back")
+        return self._url(self.config.read_back_path, id=remote_id)
+
+    def _read_back_result(self, remote_id: str, response: httpx.Response) -> ReadBackResult:
         if response.status_code == 200:
             return Found(remote_id, self._body_of(response))
         if response.status_code in (404, 410):
             return NotFound(f"HTTP {response.status_code}")
         raise HttpTransportError(f"read-back got HTTP {response.status_code}", response.status_code)
 
-    def lookup(self, delivery_key: str, resend_epoch: int = 0) -> LookupResult:
-        """Find the object sent under ``delivery_key`` and ``resend_epoch`` by its idempotency key.
-
-        Returns :class:`Unsupported` without a ``lookup_path`` or when the
-        platform answers 501, :class:`NotFound` on 404, :class:`Found` on 200
-        with a usable id at ``id_pointer``. Raises :class:`HttpTransportError`
-        on a network failure, any other status, or a 200 without an id.
-        """
+    def _lookup_url(self, delivery_key: str, resend_epoch: int, fence_epoch: int) -> str | None:
         if self.config.lookup_path is None:
-            return Unsupported("no lookup_path configured")
-        key = WireRequest(body={}, delivery_key=delivery_key, resend_epoch=resend_epoch).idempotency_key
-        response = self._get(self._url(self.config.lookup_path, key=key), "lookup")
+            return None
+        key = platform_idempotency_key(delivery_key, resend_epoch, fence_epoch)
+        return self._url(self.config.lookup_path, key=key)
+
+    def _lookup_result(self, response: httpx.Response) -> LookupResult:
         if response.status_code == 501:
             return Unsupported("platform answered 501 to the lookup")
         if response.status_code == 404:
@@ -443,30 +482,93 @@ class HttpTransport:
             doc = json.loads(response.content)
         except ValueError as exc:
             raise HttpTransportError("lookup answered 200 with a body that is not JSON", 200) from exc
-        pointer = self.config.id_pointer if self.config.id_pointer is not None else "/id"
+        if isinstance(doc, list):  # a filtered collection: nothing in it is "not found", never an error
+            if not doc:
+                return NotFound("HTTP 200, empty list")
+            doc = doc[0]
+        cfg = self.config
+        pointer = cfg.lookup_id_pointer or (cfg.id_pointer if cfg.id_pointer is not None else "/id")
         remote_id = _usable_id(pointer_get(doc, pointer))
         if remote_id is None:
             raise HttpTransportError("lookup answered 200 without a usable id", 200)
-        body = pointer_get(doc, self.config.body_pointer)
+        body = pointer_get(doc, cfg.lookup_body_pointer if cfg.lookup_body_pointer is not None else cfg.body_pointer)
         return Found(remote_id, body if isinstance(body, dict) else None)
 
-    def matches(self, request: WireRequest, found: Found) -> bool:
-        """Whether ``found.body`` equals the body sent for ``request`` as RFC 8785 canonical JSON.
+    def compare(self, request: WireRequest, found: Found) -> Comparison:
+        """Compare ``found.body`` with what was approved for ``request`` (its body; for a correction, the
+        corrected body) over the config's ``projection`` (``atmostonce.projection.compare``). Fields the
+        platform adds are ignored; so is the idempotency key at ``key_field``."""
+        sent: Mapping[str, Any] | None = request.body
+        if request.action == "correct":
+            sent = request.body.get("correction")
+        if not isinstance(sent, Mapping):
+            return Comparison(False, "", {}, {})
+        return compare(sent, found.body, self.config.projection)
 
-        Whatever the read-back body holds at ``key_field`` is ignored (it is
-        taken to be the key that was sent); a ``None`` or non-canonicalisable
-        body never matches.
+    def matches(self, request: WireRequest, found: Found) -> bool:
+        """Whether the read-back confirms ``request``: :meth:`compare` found every projected field equal."""
+        return self.compare(request, found).match
+
+
+class HttpTransport(_HttpCore):
+    """The :class:`atmostonce.transport.Transport` for a JSON REST platform.
+
+    ``HttpTransport(config)`` takes an :class:`HttpPlatformConfig` or a mapping
+    for :meth:`HttpPlatformConfig.from_mapping` (``ValueError`` if invalid).
+    Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, config: HttpPlatformConfig | Mapping[str, Any], *, table: OutcomeTable | None = None):
+        super().__init__(config, table=table)
+        self._client = httpx.Client(transport=httpx.HTTPTransport(**self._wire_options()), **self._client_options())
+
+    def _prepare(self, request: WireRequest) -> httpx.Request:
+        return self._build(self._client, request)
+
+    def send(self, request: WireRequest) -> SendResult:
+        """Send ``request`` once and classify the result; never raises for a network or HTTP failure.
+
+        Returns :class:`Sent` (``remote_id``, SHA-256 of the response body),
+        :class:`NotSent` or :class:`Unknown`, whose ``reason`` starts with the
+        table row that decided (e.g. ``error:connect_refused``, ``status:500-599``).
+        The idempotency key sent is ``request.idempotency_key``.
         """
-        if found.body is None:
-            return False
         try:
-            sent = self.wire_body(request)
-            got = copy.deepcopy(dict(found.body))
-            if self.config.key_field is not None:
-                pointer_set(got, self.config.key_field, request.idempotency_key)
-            return canonical_json(sent) == canonical_json(got)
-        except (ValueError, TypeError):
-            return False
+            prepared = self._prepare(request)
+        except (ValueError, TypeError, httpx.InvalidURL) as exc:
+            return self._unprepared(exc)
+        try:
+            response = self._client.send(prepared, follow_redirects=False)
+        except Exception as exc:  # classified by the table; anything unrecognised is "other" -> unknown
+            return self._failed(exc)
+        return self._answered(request, response)
+
+    def _get(self, url: str, what: str) -> httpx.Response:
+        try:
+            return self._client.get(url, follow_redirects=False)
+        except Exception as exc:
+            raise HttpTransportError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+    def read_back(self, remote_id: str) -> ReadBackResult:
+        """GET the object: :class:`Found` (``body`` at ``body_pointer``, ``None`` if unreadable) or :class:`NotFound` on 404/410.
+
+        Raises :class:`HttpTransportError` when read-back is not configured, on a
+        network failure, or on any other status.
+        """
+        return self._read_back_result(remote_id, self._get(self._read_back_url(remote_id), "read-back"))
+
+    def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> LookupResult:
+        """Find the object sent under ``delivery_key`` and ``resend_epoch`` by its idempotency key.
+
+        Returns :class:`Unsupported` without a ``lookup_path`` or when the
+        platform answers 501, :class:`NotFound` on 404, :class:`Found` on 200
+        with a usable id at ``id_pointer``. Raises :class:`HttpTransportError`
+        on a network failure, any other status, or a 200 without an id.
+        """
+        url = self._lookup_url(delivery_key, resend_epoch, fence_epoch)
+        if url is None:
+            return Unsupported("no lookup_path configured")
+        return self._lookup_result(self._get(url, "lookup"))
 
     def close(self) -> None:
         """Close the connection pool. Idempotent."""
@@ -477,3 +579,64 @@ class HttpTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AsyncHttpTransport(_HttpCore):
+    """The :class:`atmostonce.transport.AsyncTransport` for a JSON REST platform, on ``httpx.AsyncClient``.
+
+    The same config, request and classification as :class:`HttpTransport` (one outcome table, one reading of
+    the answer); only the client is asynchronous. One ``await send(...)`` puts at most one request on the
+    wire: retries off, no redirects followed, no kept-alive connection.
+
+    Cancellation: a ``send`` task cancelled while its request is on its way is never classified: the
+    ``CancelledError`` propagates (nothing is returned, so nothing can say "not sent"). By then bytes may
+    have left, so whoever holds the send's lease records it as unknown
+    (:func:`atmostonce.transport.cancelled_send`, docs/design.md#the-outbox-service).
+    Use as an async context manager or call :meth:`aclose`.
+    """
+
+    def __init__(self, config: HttpPlatformConfig | Mapping[str, Any], *, table: OutcomeTable | None = None):
+        super().__init__(config, table=table)
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(**self._wire_options()), **self._client_options()
+        )
+
+    async def send(self, request: WireRequest) -> SendResult:
+        """Send ``request`` once and classify the result as :meth:`HttpTransport.send` does; never raises for
+        a network or HTTP failure. A cancellation propagates (see the class)."""
+        try:
+            prepared = self._build(self._client, request)
+        except (ValueError, TypeError, httpx.InvalidURL) as exc:
+            return self._unprepared(exc)
+        try:
+            response = await self._client.send(prepared, follow_redirects=False)
+        except Exception as exc:  # CancelledError is a BaseException: it is not classified, it propagates
+            return self._failed(exc)
+        return self._answered(request, response)
+
+    async def _get(self, url: str, what: str) -> httpx.Response:
+        try:
+            return await self._client.get(url, follow_redirects=False)
+        except Exception as exc:
+            raise HttpTransportError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def read_back(self, remote_id: str) -> ReadBackResult:
+        """As :meth:`HttpTransport.read_back`."""
+        return self._read_back_result(remote_id, await self._get(self._read_back_url(remote_id), "read-back"))
+
+    async def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> LookupResult:
+        """As :meth:`HttpTransport.lookup`."""
+        url = self._lookup_url(delivery_key, resend_epoch, fence_epoch)
+        if url is None:
+            return Unsupported("no lookup_path configured")
+        return self._lookup_result(await self._get(url, "lookup"))
+
+    async def aclose(self) -> None:
+        """Close the connection pool. Idempotent."""
+        await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncHttpTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

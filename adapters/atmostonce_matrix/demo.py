@@ -16,22 +16,23 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from atmostonce.errors import Rejected
-from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, SimulatedCrash, Sweeper, Worker
+from atmostonce.plugins import open_store
+from atmostonce.runtime import RuntimeConfig
+from atmostonce.service import Outbox, OutboxReport
 from atmostonce_cli.demo import DemoResult, _Crasher, _progress, format_result
-from atmostonce_cli.stores import open_store_url
+from atmostonce_cli.urls import usable_url
+from atmostonce_http.profile import load_profile
 
 from .proxy import FaultProxy
 from .synapse import SynapseServer
-from .transport import KEY_FIELD, MatrixConfig, MatrixTransport
+from .transport import KEY_FIELD, MatrixTransport
 
 __all__ = ["MATRIX_FAULT_MIX", "MatrixDemoResult", "format_matrix_result", "run_matrix_demo"]
 
@@ -90,10 +91,9 @@ def run_matrix_demo(
     if not 0.0 <= crash_rate <= 1.0:
         raise ValueError("crash_rate is a probability between 0 and 1")
     tmp = Path(tempfile.mkdtemp(prefix="atmostonce-matrix-demo-"))
-    own_db = database_url is None
     if database_url is None:
         database_url = f"sqlite:///{tmp / 'demo.sqlite3'}"
-    store = open_store_url(database_url)
+    store = open_store(database_url)
     hs: SynapseServer | None = None
     try:
         existing = sum(store.count_by_state().values())
@@ -109,7 +109,7 @@ def run_matrix_demo(
             fault_mix if fault_mix is not None else MATRIX_FAULT_MIX, crash_rate, timeout, progress,
             progress_every, read_timeout, delay_seconds, started,
         )  # fmt: skip
-        result.database = database_url if own_db else database_url.split("@")[-1]
+        result.database, result.password_left_out = usable_url(database_url)
         return result
     finally:
         store.close()
@@ -124,21 +124,10 @@ def _run(
     run = uuid.uuid4().hex[:8]
     config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5)
     crasher = _Crasher(crash_rate, seed)
-    outcomes: Counter[str] = Counter()
-    olock = threading.Lock()
-
-    def on_result(key: str, result: Any) -> None:
-        if isinstance(result, str):
-            name = result
-        elif isinstance(result, Rejected):
-            name = f"refused:{result.event}:{result.guard}"
-        else:
-            name = f"crash:{result}" if isinstance(result, SimulatedCrash) else type(result).__name__
-        with olock:
-            outcomes[name] += 1
 
     with FaultProxy("127.0.0.1", hs.port, delay_seconds=delay_seconds) as proxy:
-        cfg = MatrixConfig(
+        # the shipped profile spec/platforms/matrix.toml, with this deployment and the demo's short timeouts
+        cfg = load_profile("matrix").matrix_config(
             homeserver_url=proxy.url,
             room_id=room,
             user=localpart,
@@ -156,33 +145,25 @@ def _run(
                 ).key
                 for i in range(n)
             ]
-            stop = threading.Event()
-            dispatcher = Dispatcher(store, transport, config, crash=crasher)
-            threads = [
-                Worker(dispatcher, lambda: store.claimable(32), stop=stop, on_result=on_result, seed=seed + i)
-                for i in range(workers)
-            ]
-            for t in threads:
-                t.start()
-            sweeper, reconciler = Sweeper(store, config), Reconciler(store, transport, config)
+            outbox = Outbox(
+                store, transport, workers=workers, config=config, crash=crasher, seed=seed,
+                sweep_every=0.1, reconcile_every=0.1, poll_every=0.02,
+            )  # fmt: skip
+            last = [0.0]
+
+            def on_tick(_report: OutboxReport) -> None:
+                if progress is not None and time.monotonic() - last[0] >= progress_every:
+                    _progress(progress, store.count_by_state(), time.monotonic() - started)
+                    last[0] = time.monotonic()
+
+            report = outbox.run(
+                until_idle=True, timeout=max(0.0, timeout - (time.monotonic() - started)), on_tick=on_tick
+            )
+            outcomes = (
+                report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
+            )
             open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
-            finished, last = False, 0.0
-            while time.monotonic() - started < timeout:
-                time.sleep(0.1)
-                sweeper.tick()
-                for name, v in reconciler.run().items():
-                    with olock:
-                        outcomes[f"reconcile:{name}"] += v
-                counts = store.count_by_state()
-                if progress is not None and time.monotonic() - last >= progress_every:
-                    _progress(progress, counts, time.monotonic() - started)
-                    last = time.monotonic()
-                if all(counts[s] == 0 for s in open_kinds):
-                    finished = True
-                    break
-            stop.set()
-            for t in threads:
-                t.join(timeout=10)
+            finished = all(n == 0 for s, n in store.count_by_state().items() if s in open_kinds)
             proxy.clear()
             proxy.wait_idle(timeout=delay_seconds + 10)  # a delayed send still in the proxy lands before we count
             device_id = transport.device_id

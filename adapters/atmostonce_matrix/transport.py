@@ -73,7 +73,7 @@ from urllib.parse import quote
 import httpx
 
 from atmostonce.errors import AtMostOnceError
-from atmostonce.identity import canonical_json, digest_bytes
+from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -594,7 +594,7 @@ class MatrixTransport:
             doc.get("errcode"),
         )
 
-    def lookup(self, delivery_key: str, resend_epoch: int = 0) -> LookupResult:
+    def lookup(self, delivery_key: str, resend_epoch: int = 0, fence_epoch: int = 0) -> LookupResult:
         """Find the event sent under this key and epoch in the room's history, newest first.
 
         Pages ``/messages`` (filtered to ``event_type`` and this user) and
@@ -603,7 +603,7 @@ class MatrixTransport:
         :class:`NotFound` (never proof of absence: ``fenced_lookup`` is
         ``False``). Raises :class:`MatrixTransportError` when a page fails.
         """
-        key = WireRequest(body={}, delivery_key=delivery_key, resend_epoch=resend_epoch).idempotency_key
+        key = platform_idempotency_key(delivery_key, resend_epoch, fence_epoch)
         if self.user_id is None:
             self.login()
         filt = json.dumps({"types": [self.config.event_type], "senders": [self.user_id]}, separators=(",", ":"))

@@ -1,0 +1,221 @@
+"""The main job against a real mail server pair: N messages sent to Postfix through the SMTP fault relay,
+read back from Dovecot.
+
+The same job as :mod:`atmostonce_cli.demo` (the Outbox service: workers that crash at step boundaries,
+the sweeper, the reconciler) on SQLite, with the platform replaced by a throwaway Postfix and Dovecot on
+loopback (:class:`atmostonce_email.servers.MailServers`), described by the shipped profile
+``spec/platforms/email.toml`` with this deployment's ports and addresses as overrides, and the
+:class:`atmostonce_email.SmtpFaultRelay` between the transport and Postfix (refusals before DATA,
+payloads whose end never reaches Postfix, final replies lost or withheld). SMTP has no idempotency: every
+payload Postfix accepts is a new message. Duplicates are counted by ``Message-ID`` in the Maildir Dovecot
+serves, read from the files at the end (:meth:`MailServers.mailbox_census`) and grouped by delivery key
+(whatever its epochs), never from atmostonce's counters.
+
+The lookup is not fenced (docs/platforms.md, "Why the lookup is not fenced"), so an unknown send whose
+message never arrived ends ``parked`` for a person, never resent.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from atmostonce.identity import split_platform_idempotency_key
+from atmostonce.plugins import open_store
+from atmostonce.service import Outbox, OutboxReport
+from atmostonce_cli.demo import DemoResult, _Crasher, _progress, format_result
+from atmostonce_http.profile import load_profile
+
+from .relay import SmtpFaultRelay
+from .servers import DOMAIN, MailServers, MailServersUnavailable, unavailable_reason
+
+__all__ = ["EMAIL_FAULT_MIX", "EmailDemoResult", "format_email_result", "run_email_demo"]
+
+EMAIL_FAULT_MIX = {
+    "refuse_mail": 0.12,  # 451 to MAIL FROM, from the relay: not sent, retried, lands once
+    "drop_payload": 0.05,  # the payload's end never reached Postfix: unknown, not found, parked
+    "drop_after_data": 0.10,  # Postfix queued it (250), the answer was lost: unknown, found, published
+    "hold_after_data": 0.04,  # the same, silent until the client's timeout
+}
+"""Per SMTP connection probabilities of each relay fault; the rest pass."""
+
+
+@dataclass
+class EmailDemoResult(DemoResult):
+    """:class:`atmostonce_cli.demo.DemoResult` plus what the mailbox holds: ``messages_in_mailbox`` every
+    message in the Maildir; ``creates`` those whose Message-ID carries a delivery key of this run;
+    ``create_requests`` the payloads the relay forwarded to Postfix."""
+
+    messages_in_mailbox: int = 0
+    smtp_sessions: int = 0
+    platform: str = ""
+
+
+def run_email_demo(
+    n: int = 50,
+    workers: int = 4,
+    database_url: str | None = None,
+    seed: int = 1,
+    fault_mix: dict[str, float] | None = None,
+    crash_rate: float = 0.03,
+    timeout: float = 180.0,
+    progress: TextIO | None = sys.stderr,
+    progress_every: float = 1.0,
+    smtp_timeout: float = 2.0,
+    servers: MailServers | None = None,
+) -> EmailDemoResult:
+    """Run the job against Postfix and Dovecot; returns an :class:`EmailDemoResult`. Times are seconds.
+
+    ``database_url``: an empty store (default: a fresh SQLite file in a temporary folder, kept for
+    inspection). ``servers``: started :class:`MailServers` to use (default: start a pair and stop it at
+    the end). ``smtp_timeout`` replaces the profile's (a withheld final reply costs that long).
+
+    Raises ``ValueError`` for a bad argument or a non-empty database, :class:`MailServersUnavailable` when
+    Postfix or Dovecot is not installed or this is not root, ``RuntimeError`` when they do not start.
+    """
+    if n < 1 or workers < 1:
+        raise ValueError("need at least one intent and one worker")
+    if not 0.0 <= crash_rate <= 1.0:
+        raise ValueError("crash_rate is a probability between 0 and 1")
+    if servers is None:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise MailServersUnavailable(reason)
+    tmp = Path(tempfile.mkdtemp(prefix="atmostonce-email-demo-"))
+    own_db = database_url is None
+    if database_url is None:
+        database_url = f"sqlite:///{tmp / 'demo.sqlite3'}"
+    store = open_store(database_url)
+    started_servers: MailServers | None = None
+    try:
+        existing = sum(store.count_by_state().values())
+        if existing:
+            raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
+        started = time.monotonic()
+        if servers is None:
+            servers = started_servers = MailServers().start()
+        mix = fault_mix if fault_mix is not None else EMAIL_FAULT_MIX
+        result = _run(
+            store, servers, n, workers, seed, mix, crash_rate, timeout, progress, progress_every, smtp_timeout,
+            started,
+        )  # fmt: skip
+        result.database = database_url if own_db else database_url.split("@")[-1]
+        return result
+    finally:
+        store.close()
+        if started_servers is not None:
+            started_servers.stop()
+
+
+def _run(
+    store, servers, n, workers, seed, mix, crash_rate, timeout, progress, progress_every, smtp_timeout, started,
+) -> EmailDemoResult:  # fmt: skip
+    run = uuid.uuid4().hex[:8]
+    crasher = _Crasher(crash_rate, seed)
+    with SmtpFaultRelay("127.0.0.1", servers.smtp_port, io_timeout=max(10.0, 4 * smtp_timeout)) as relay:
+        # the shipped profile spec/platforms/email.toml, with this deployment and the demo's short timeouts
+        profile = load_profile(
+            "email",
+            smtp_port=relay.port,
+            imap_port=servers.imap_port,
+            imap_user=servers.imap_user,
+            imap_password=servers.imap_password,
+            recipient=servers.mailbox,
+            sender="publisher@example.org",
+            message_id_domain=f"outbox-{run}.{DOMAIN}",
+            smtp_timeout=smtp_timeout,
+            imap_timeout=5.0,
+            read_wait_seconds=1.0,
+        )
+        domain = profile.config.message_id_domain
+        config = profile.runtime_config(lease_seconds=2.0, send_lease_seconds=4 * smtp_timeout, retries_per_tick=25)
+        with profile.email_transport() as transport:
+            relay.set_fault_mix(mix, seed=seed)
+            # a refusal is drawn per connection: 6 attempts keep a key refused a few times in a row in play
+            keys = [
+                store.submit(
+                    f"demo-account-{i % 3}",
+                    "email",
+                    servers.mailbox,
+                    {"subject": f"demo message {i} of run {run}", "body": f"Hello,\n\nthis is message {i}.\n"},
+                    max_attempts=6,
+                ).key
+                for i in range(n)
+            ]
+            outbox = Outbox(
+                store, transport, workers=workers, config=config, crash=crasher, seed=seed,
+                sweep_every=0.1, reconcile_every=0.2, poll_every=0.02,
+            )  # fmt: skip
+            last = [0.0]
+
+            def on_tick(_report: OutboxReport) -> None:
+                if progress is not None and time.monotonic() - last[0] >= progress_every:
+                    _progress(progress, store.count_by_state(), time.monotonic() - started)
+                    last[0] = time.monotonic()
+
+            report = outbox.run(
+                until_idle=True, timeout=max(0.0, timeout - (time.monotonic() - started)), on_tick=on_tick
+            )
+            outcomes = (
+                report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
+            )
+            open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            finished = all(c == 0 for s, c in store.count_by_state().items() if s in open_kinds)
+            relay.clear()
+        records = list(relay.records)
+    servers.wait_for_empty_queue(timeout=30.0)  # a message Postfix queued is delivered before we count
+    counts = store.count_by_state()
+    if progress is not None:
+        _progress(progress, counts, time.monotonic() - started, final=True)
+    census = servers.mailbox_census()  # the Maildir's own files, not through any transport of ours
+    suffix = f"@{domain}>"
+    by_key: Counter[str] = Counter()
+    for message_id, count in census.items():
+        if message_id.startswith("<") and message_id.endswith(suffix):
+            by_key[split_platform_idempotency_key(message_id[1 : -len(suffix)])[0]] += count
+    finals = {k: store.get(k) for k in keys}
+    published = store.table.states_of_kind("terminal")
+    human_owned = store.table.states_of_kind("human_owned")
+    faults = Counter(r.mode for r in records if r.mode != "pass")
+    return EmailDemoResult(
+        intents=len(keys),
+        by_state=counts,
+        creates=sum(by_key.values()),
+        create_requests=sum(1 for r in records if r.payload_forwarded),
+        duplicates=sum(c - 1 for c in by_key.values() if c > 1),
+        duplicate_keys=sorted(k for k, c in by_key.items() if c > 1),
+        published_without_object=sum(1 for it in finals.values() if it.state in published and not by_key[it.key]),
+        crashes=crasher.count,
+        outcomes=dict(sorted(outcomes.items())),
+        faults=dict(sorted(faults.items())),
+        seconds=round(time.monotonic() - started, 2),
+        database="",
+        finished=finished,
+        parked_with_object=sum(1 for it in finals.values() if it.state in human_owned and by_key[it.key]),
+        messages_in_mailbox=sum(census.values()),
+        smtp_sessions=len(records),
+        platform=(
+            f"Postfix on 127.0.0.1:{servers.smtp_port} (through the SMTP fault relay), Dovecot on "
+            f"127.0.0.1:{servers.imap_port}, profile {profile.source}"
+        ),
+    )
+
+
+def format_email_result(r: EmailDemoResult) -> str:
+    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the mailbox's own count."""
+    # the sink's note on fenced writes does not apply here: the email lookup is not fenced
+    lines = [line for line in format_result(r).splitlines() if not line.lstrip().startswith("(faults before the write")]
+    pad = len(lines[0]) - len(str(r.intents))  # the value column of format_result's table
+    extra = [
+        ("messages in the Dovecot mailbox (by Message-ID)", r.messages_in_mailbox),
+        ("SMTP sessions through the relay", r.smtp_sessions),
+        ("platform", r.platform),
+    ]
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("objects the platform created")), len(lines))
+    return "\n".join(lines[:at] + [f"{k:<{pad}}{v}" for k, v in extra] + lines[at:])
