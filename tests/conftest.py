@@ -121,3 +121,14 @@ def set_clock_store(any_store):
     store = SetClockStore(any_store.store.engine)
     yield store, store.set_clock
     store.close()
+
+
+@pytest.fixture
+def cli_db(tmp_path):
+    """A fresh SQLite database for a CLI test: ``(url, store)``; the store is closed afterwards."""
+    from atmostonce_sql import open_store
+
+    url = f"sqlite:///{tmp_path / 'cli.sqlite3'}"
+    store = open_store(url)
+    yield url, store
+    store.close()

@@ -36,3 +36,12 @@ def to_state(store, state: str, text="hello", **kw) -> tuple[Intent, Lease | Non
     else:  # pragma: no cover
         raise ValueError(state)
     return store.get(it.key), lease
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run the ``atmostonce`` CLI in this process; returns ``(exit code, stdout, stderr)``."""
+    from atmostonce_cli.main import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from atmostonce import GuardRefused
+from atmostonce import GuardRefused, StoreError
 from atmostonce.audit import verify_store
 from atmostonce_cli.main import main
 from atmostonce_sql import grant_app_role, open_store
@@ -58,9 +58,13 @@ def test_the_application_role_runs_the_store(app):
     store.resolve_not_sent(parked.key, operator="alice")
     store.set_kill_switch("account:acct", True, operator="alice")
     store.set_kill_switch("account:acct", False, operator="alice")
-    store.set_credential_version("acct", "v2")
+    store.set_credential_version("acct", "v2", operator="bob")
+    store.set_text_window(600, operator="bob")  # the stored window (aom_settings) and the policy log
+    assert [(c.kind, c.operator) for c in store.policy_changes()][:2] == [
+        ("text_window_seconds", "bob"),
+        ("credentials", "bob"),
+    ]
     store.capture_source("https://example.org/a", "body")
-    assert store.declare_restore(operator="alice")[0] == 2
     assert store.get(published.key).state == "published"
     assert verify_store(store).intact
 
@@ -102,6 +106,8 @@ def test_the_role_has_exactly_the_granted_table_privileges(app, pg_databases):
     for t in APPEND_ONLY_TABLES:
         assert got[t] == {"SELECT", "INSERT"}
     assert got["aom_intents"] == {"SELECT", "INSERT", "UPDATE", "DELETE"}
+    assert got["aom_claim_history"] == {"SELECT", "INSERT"}
+    assert got["aom_meta"] == {"SELECT"}
     assert got["alembic_version"] == {"SELECT"}
     assert not any("TRUNCATE" in p for p in got.values())
 
@@ -113,3 +119,66 @@ def test_grant_refuses_sqlite_and_unknown_roles(sqlite_store, pg_store):
         grant_app_role(pg_store.engine, "aom_nobody_here")
     with pytest.raises(ValueError, match="plain role name"):
         grant_app_role(pg_store.engine, "x; DROP TABLE aom_intents")
+
+
+def _as_app_refused(app_url: str, sql: str) -> psycopg.errors.Error:
+    dsn = make_url(app_url).set(drivername="postgresql")
+    with psycopg.connect(dsn.render_as_string(hide_password=False), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.Error) as e:
+            conn.execute(sql)
+    return e.value
+
+
+def test_the_application_role_cannot_move_an_intent_off_the_table_or_remove_it(app):
+    store, _, _, app_url = app
+    unknown, _ = to_state(store, "indeterminate")
+    err = _as_app_refused(app_url, f"UPDATE aom_intents SET state = 'pending' WHERE key = '{unknown.key}'")
+    assert isinstance(err, psycopg.errors.IntegrityConstraintViolation)  # the table's move guard
+    err = _as_app_refused(app_url, f"DELETE FROM aom_intents WHERE key = '{unknown.key}'")
+    assert isinstance(err, psycopg.errors.IntegrityConstraintViolation)
+    assert store.get(unknown.key).state == "indeterminate"
+    assert verify_store(store).intact
+
+
+def test_the_application_role_cannot_change_the_restore_epoch_or_claim_history(app):
+    store, _, url, app_url = app
+    for sql in (
+        "UPDATE aom_meta SET value = 7",
+        "DELETE FROM aom_meta",
+        "UPDATE aom_claim_history SET actor = 'x'",
+        "DELETE FROM aom_claim_history",
+    ):
+        assert isinstance(_as_app_refused(app_url, sql), psycopg.errors.InsufficientPrivilege), sql
+    with pytest.raises(StoreError):  # declare-restore is the owner's command
+        store.declare_restore(operator="alice")
+    assert store.current_epoch() == 1
+    assert main(["db", "declare-restore", "--operator", "alice", "--database-url", url]) == 0  # as the owner
+    assert store.current_epoch() == 2
+
+
+def test_the_application_role_cannot_register_keys_or_switch_signing(app):
+    """Signed approvals (docs/design.md#signed-approvals): a database writer with the application's
+    role can neither add a key of its own nor switch an account's signing policy off."""
+    from atmostonce.signing import key_id, new_private_key, public_key_hex
+
+    store, _, url, app_url = app
+    public = public_key_hex(new_private_key())
+    owner = open_store(url)
+    try:
+        owner.add_operator_key("alice", public, added_by="admin")
+        owner.set_signing_required("acct", True)
+    finally:
+        owner.close()
+    for sql in (
+        f"INSERT INTO aom_operator_keys VALUES ('k-forged', 'mallory', '{public}', 'mallory', 0)",
+        "UPDATE aom_operator_keys SET operator = 'mallory'",
+        "DELETE FROM aom_operator_keys",
+        "INSERT INTO aom_signing_policies VALUES ('other', false)",
+        "UPDATE aom_signing_policies SET required = false",
+        "DELETE FROM aom_signing_policies",
+    ):
+        assert isinstance(_as_app_refused(app_url, sql), psycopg.errors.InsufficientPrivilege), sql
+    with pytest.raises(StoreError):  # the store refuses too: registering keys is the owner's command
+        store.add_operator_key("mallory", public_key_hex(new_private_key()), added_by="mallory")
+    assert store.operator_key(key_id(public)).operator == "alice"
+    assert store.signing_required("acct") is True

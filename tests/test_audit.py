@@ -225,13 +225,13 @@ def test_migration_0002_chains_rows_written_before_it(request, dialect, tmp_path
         upgrade(engine, "0001")
         cols = (
             "key, account, action_kind, target, request, request_digest, state, attempt_count, max_attempts, "
-            "reconcile_count, max_reconciles, resend_epoch, normalizer_version, created_at, updated_at"
+            "reconcile_count, max_reconciles, resend_epoch, normalizer_version, created_at, updated_at, generation"
         )
-        with engine.begin() as conn:  # two intents as revision 0001 wrote them
-            for key, state in (("k-old-1", "indeterminate"), ("k-old-2", "pending")):
+        with engine.begin() as conn:  # two intents as revision 0001 wrote them (as the history below derives)
+            for key, state, attempts, gen in (("k-old-1", "indeterminate", 1, "7"), ("k-old-2", "pending", 0, "NULL")):
                 conn.exec_driver_sql(
                     f"INSERT INTO aom_intents ({cols}) VALUES "
-                    f"('{key}', 'a', 'post', 't', '{{}}', 'd', '{state}', 1, 3, 0, 3, 0, 1, 10.5, 12.25)"
+                    f"('{key}', 'a', 'post', 't', '{{}}', 'd', '{state}', {attempts}, 3, 0, 3, 0, 1, 10.5, 12.25, {gen})"
                 )
             moves = [
                 ("k-old-1", "submit", None, "pending", "{}"),

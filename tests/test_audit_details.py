@@ -50,6 +50,7 @@ def test_a_break_and_a_report_as_the_json_the_cli_prints():
         "key": "k",
         "seq": 2,
         "reason": "content",
+        "field": None,
         "message": "history row 2 differs from what was hashed",
     }
     report = AuditReport(3, 7, (b,), {"k": H2, "j": None})

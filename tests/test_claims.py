@@ -220,7 +220,7 @@ def test_a_withdrawn_approval_authorizes_nothing(any_store):
     with pytest.raises(GuardRefused) as e:
         s.withdraw_approval(apv.approval_id, operator=" ")
     assert e.value.guard == "withdrawer_identified"
-    assert s.withdraw_approval(apv.approval_id, operator="ops").state == "withdrawn"
+    assert s.withdraw_approval(apv.approval_id, operator="ops", reason="no longer wanted").state == "withdrawn"
     with pytest.raises(GuardRefused) as e:
         reserve(s, it, apv)
     assert e.value.guard == "approval_usable"
@@ -440,7 +440,7 @@ def test_a_refused_coupled_move_changes_nothing_anywhere(any_store):
     apv = approve(s, it)
     claim = reserve(s, it, apv)
     lease = s.begin(it.key, lease_seconds=30)
-    s.withdraw_approval(apv.approval_id, operator="ops")
+    s.withdraw_approval(apv.approval_id, operator="ops", reason="no longer wanted")
     before = everything(s, it)
     with pytest.raises(Rejected):
         s.authorize_dispatch(lease, request_digest=it.request_digest, claim=claim)

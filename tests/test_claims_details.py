@@ -147,8 +147,8 @@ def test_approve_checks_its_input_with_exact_messages_and_limits(any_store):
     assert s.approvals(it.key) == []  # nothing above made an approval
     for v in (0, 124, 125, 2**62 - 1):
         assert approve(s, it, target_version=v).target_version == v
-    apv = approve(s, it, request_digest="d" * 64)
-    assert apv.request_digest == "d" * 64
+    apv = approve(s, it, request_digest=it.request_digest)
+    assert apv.request_digest == it.request_digest
     assert re.fullmatch(r"apv_[0-9a-f]{24}", apv.approval_id)
     plain = s.submit("acct", "post", TARGET, {"text": "no gate"})
     refused_with(
@@ -225,7 +225,7 @@ def test_unknown_intents_and_approvals_are_refused_with_exact_fields(any_store):
     it = gated(s, target=TARGET)
     apv = approve(s, it)
     with pytest.raises(UnknownIntent) as info:
-        s.withdraw_approval("apv_missing", operator="bob")
+        s.withdraw_approval("apv_missing", operator="bob", reason="no longer wanted")
     assert fields(info.value) == ("withdraw_approval", "apv_missing", "approval_exists", None)
     with pytest.raises(UnknownIntent) as info:
         s.expire_approval(dataclasses.replace(apv, approval_id="apv_missing"))
@@ -242,9 +242,9 @@ def test_approval_and_claim_refusals_name_event_subject_guard_and_state(any_stor
     with pytest.raises(GuardRefused) as info:  # the subject of an approval move is the approval, not its target
         s.expire_approval(apv)
     assert fields(info.value) == ("expire_approval", apv.approval_id, "approval_deadline_passed", "approved")
-    s.withdraw_approval(apv.approval_id, operator="bob")
+    s.withdraw_approval(apv.approval_id, operator="bob", reason="no longer wanted")
     with pytest.raises(IllegalMove) as info:
-        s.withdraw_approval(apv.approval_id, operator="bob")
+        s.withdraw_approval(apv.approval_id, operator="bob", reason="no longer wanted")
     assert fields(info.value) == ("withdraw_approval", apv.approval_id, "source_state", "withdrawn")
     with pytest.raises(GuardRefused) as info:
         reserve(s, it, apv)
@@ -259,7 +259,7 @@ def test_disabling_one_claim_guard_leaves_the_events_later_guards_in_force(any_s
     s = any_store.store
     it = gated(s, target=TARGET)
     apv = approve(s, it)
-    s.withdraw_approval(apv.approval_id, operator="bob")
+    s.withdraw_approval(apv.approval_id, operator="bob", reason="no longer wanted")
     s._disabled_guards = frozenset({"intent_queued"})  # reserve's first guard
     with pytest.raises(GuardRefused) as info:
         reserve(s, it, apv)
@@ -343,39 +343,39 @@ def test_claim_history_rows_carry_every_field_of_every_move(any_store):
     s = any_store.store
     it = gated(s, target=TARGET)
     apv = approve(s, it)
+    dropped = approve(s, it, approver="carol")  # while the intent is queued: a published one takes none
     lease = reserve(s, it, apv, owner="w1")
     s.release_claim(lease)
     lease = reserve(s, it, apv, owner="w2")
     attempt = authorize(s, it, lease)
     s.record_success(attempt, remote_id="obj-1")
     s.confirm_read_back(attempt)
-    dropped = approve(s, it, approver="carol")
-    s.withdraw_approval(dropped.approval_id, operator="bob")
+    s.withdraw_approval(dropped.approval_id, operator="bob", reason="no longer wanted")
     other = gated(s, "elsewhere", target=OTHER)
     reserve(s, other, approve(s, other), owner="w9")  # another target's rows stay out of TARGET's history
     rows = s.claim_history(TARGET)
     k, a1, a2 = it.key, apv.approval_id, dropped.approval_id
     assert [(h.machine, h.subject, h.event, h.actor, h.from_state, h.to_state, h.epoch, h.key) for h in rows] == [
         ("approval", a1, "approve", "approver:alice", None, "approved", None, k),
+        ("approval", a2, "approve", "approver:carol", None, "approved", None, k),
         ("claim", TARGET, "reserve", "worker", "free", "reserved", 1, k),
         ("claim", TARGET, "release", "worker", "reserved", "free", 1, None),
         ("claim", TARGET, "reserve", "worker", "free", "reserved", 2, k),
         ("claim", TARGET, "start_sending", "worker", "reserved", "sending", 2, k),
         ("approval", a1, "consume_approval", "worker", "approved", "consumed", None, k),
         ("claim", TARGET, "settle", "worker", "sending", "free", 2, None),
-        ("approval", a2, "approve", "approver:carol", None, "approved", None, k),
         ("approval", a2, "withdraw_approval", "operator:bob", "approved", "withdrawn", None, k),
     ]
     assert [dict(h.detail) for h in rows] == [
         {"approver": "alice"},
+        {"approver": "carol"},
         {"owner": "w1"},
         {"owner": "w1"},
         {"owner": "w2"},
         {"owner": "w2"},  # the claim lease the send presented
         {"owner": "w2"},
         {},
-        {"approver": "carol"},
-        {"operator": "bob"},
+        {"operator": "bob", "reason": "no longer wanted"},
     ]
     seqs = [h.seq for h in rows]
     assert seqs == sorted(set(seqs))
@@ -432,7 +432,7 @@ def test_the_model_stamps_claim_and_approval_rows_with_its_clock():
     clock.advance(5)
     s.release_claim(lease)
     clock.advance(5)
-    s.withdraw_approval(approve(s, it).approval_id, operator="bob")
+    s.withdraw_approval(approve(s, it).approval_id, operator="bob", reason="no longer wanted")
     assert [h.recorded_at for h in s.claim_history(TARGET)] == [
         1_000_000.0,
         1_000_005.0,
@@ -545,7 +545,7 @@ def test_the_send_consumes_the_claims_approval_whatever_approval_id_the_lease_pr
     s = any_store.store
     it = gated(s, target=TARGET)
     apv, spare = approve(s, it), approve(s, it)
-    s.withdraw_approval(spare.approval_id, operator="bob")
+    s.withdraw_approval(spare.approval_id, operator="bob", reason="no longer wanted")
     claim = reserve(s, it, apv)
     authorize(s, it, dataclasses.replace(claim, approval_id=spare.approval_id))
     assert s.approval(apv.approval_id).state == "consumed"

@@ -83,10 +83,10 @@ def test_audit_verify_and_grant_app_role_on_sqlite(capsys, db):
 def test_retry_is_refused_except_from_failed(capsys, db):
     url, store = db
     it, _ = to_state(store, "indeterminate")
-    rc, _, err = run(capsys, "retry", it.key, "--database-url", url)
+    rc, _, err = run(capsys, "retry", it.key, "--operator", "alice", "--database-url", url)
     assert rc == 1 and "source_state" in err
     failed, _ = to_state(store, "failed", text="other")
-    rc, out, _ = run(capsys, "retry", failed.key, "--database-url", url)
+    rc, out, _ = run(capsys, "retry", failed.key, "--operator", "alice", "--database-url", url)
     assert rc == 0 and "pending" in out
 
 
@@ -128,7 +128,7 @@ def test_bad_input_gives_clean_errors(capsys, db):
 
 def test_db_upgrade_and_spec_check(capsys, tmp_path):
     rc, out, _ = run(capsys, "db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'new.sqlite3'}")
-    assert rc == 0 and "0004" in out  # the newest migration
+    assert rc == 0 and "0012" in out  # the newest migration
     rc, out, _ = run(capsys, "spec", "check")
     assert rc == 0 and "all checks pass" in out
 
@@ -187,6 +187,8 @@ def test_approve_list_withdraw_and_show_the_claim(capsys, tmp_path):
     rc, out, _ = run(capsys, "intents", "show", it.key, "--database-url", url)
     assert rc == 0 and f"{approval_id} approved by alice" in out and "target claim: free" in out
     rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)
+    assert rc == 1  # refused by withdrawal_attributable: ops is not the approver and gives no reason
+    rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--reason", "stale", "--database-url", url)
     assert rc == 0 and "withdrawn" in out
     rc, out, _ = run(capsys, "withdraw", approval_id, "--operator", "ops", "--database-url", url)
     assert rc == 1
@@ -198,19 +200,32 @@ def test_retract_queues_a_retraction_of_a_published_intent(capsys, tmp_path):
     it, _ = to_state(store, "published")
     pending = store.submit("acct", "post", "room-r", {"text": "not sent"})
     store.close()
-    rc, out, _ = run(capsys, "retract", it.key, "--database-url", url)
+    rc, out, _ = run(capsys, "retract", it.key, "--operator", "ops", "--database-url", url)
     assert rc == 0 and "retract.delete" in out and "queued (pending)" in out
-    rc, out, _ = run(capsys, "retract", it.key, "--correct", '{"text": "fixed"}', "--database-url", url, "--json")
+    rc, out, _ = run(
+        capsys,
+        "retract",
+        it.key,
+        "--correct",
+        '{"text": "fixed"}',
+        "--operator",
+        "ops",
+        "--database-url",
+        url,
+        "--json",
+    )
     assert rc == 0 and json.loads(out)["request"]["correction"] == {"text": "fixed"}
-    rc, _, err = run(capsys, "retract", pending.key, "--database-url", url)
+    rc, _, err = run(capsys, "retract", pending.key, "--operator", "ops", "--database-url", url)
     assert rc == 2 and "only a published intent" in err
-    rc, _, err = run(capsys, "retract", it.key, "--correct", "not json", "--database-url", url)
+    rc, _, err = run(capsys, "retract", it.key, "--correct", "not json", "--operator", "ops", "--database-url", url)
     assert rc == 2
 
 
 def test_policy_rate_limit_sets_and_clears(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'rl.sqlite3'}"
-    rc, out, _ = run(capsys, "policy", "rate-limit", "acct", "3", "--window", "30", "--database-url", url)
+    rc, out, _ = run(
+        capsys, "policy", "rate-limit", "acct", "3", "--window", "30", "--operator", "ops", "--database-url", url
+    )
     assert rc == 0 and "3 sends per 30 s" in out
     store = open_store(url)
     try:
@@ -220,12 +235,33 @@ def test_policy_rate_limit_sets_and_clears(capsys, tmp_path):
         assert store.rate_limited("acct")
     finally:
         store.close()
-    rc, out, _ = run(capsys, "policy", "rate-limit", "acct", "--clear", "--database-url", url)
-    assert rc == 0 and "none" in out
+    rc, out, _ = run(
+        capsys, "--json", "policy", "rate-limit", "acct", "--clear", "--operator", "ops", "--database-url", url
+    )
+    assert rc == 0 and json.loads(out)["cleared"] is True and json.loads(out)["max_sends"] is None
     store = open_store(url)
     try:
         assert not store.rate_limited("acct")
     finally:
         store.close()
-    rc, _, _ = run(capsys, "policy", "rate-limit", "acct", "0", "--database-url", url)
+    rc, _, _ = run(capsys, "policy", "rate-limit", "acct", "0", "--operator", "ops", "--database-url", url)
     assert rc == 2
+
+
+def test_intents_show_lists_a_late_outcome_kept_as_evidence(capsys, db):
+    from atmostonce import IllegalMove
+
+    url, store = db
+    it, lease = to_state(store, "indeterminate")
+    with pytest.raises(IllegalMove) as late:
+        store.record_success(lease, remote_id="obj-late-7")
+    store.record_late_outcome(lease, outcome="send.success", refused=late.value, remote_id="obj-late-7")
+    rc, out, _ = run(capsys, "--json", "intents", "show", it.key, "--database-url", url)
+    [ev] = json.loads(out)["late_outcomes"]
+    assert rc == 0 and (ev["outcome"], ev["remote_id"], ev["refused_by"]) == (
+        "send.success",
+        "obj-late-7",
+        "source_state",
+    )
+    rc, out, _ = run(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == 0 and "obj-late-7" in out and "record_success:source_state" in out

@@ -379,10 +379,12 @@ def test_manifest_comparison_names_what_changed(manifest):
 
 
 # ------------------------------------------------------------------------------ with Spin
+# the restore configuration's exhaustive search takes many minutes on its own: `make model-check`
+# (run by CI beside `make test`) checks it against the same manifest
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(modelcheck.CONFIGURATIONS))
+@pytest.mark.parametrize("name", [n for n in modelcheck.CONFIGURATIONS if n != "restore"])
 def test_model_check_finds_no_counterexample(table, manifest, tmp_path, name):
-    """Each configuration (the restore one included), exhaustively, with the state counts of the manifest."""
+    """Each configuration but the restore one, exhaustively, with the state counts of the manifest."""
     out = modelcheck.job_configuration(table, name, tmp_path)
     assert out.ok, out.problems
     assert out.record["errors"] == 0

@@ -190,3 +190,29 @@ def corpus_stores(sqlite_databases, pg_databases):
     for st_, dbs, u in zip(stores, (sqlite_databases, pg_databases), urls, strict=True):
         st_.close()
         dbs.drop(u)
+
+
+@pytest.mark.parametrize("resend,fence", [(0, 0), (0, 1), (2, 0), (3, 4)])
+def test_a_platform_key_splits_back_into_its_delivery_key_and_epochs(resend, fence):
+    """A platform (the sink, the email census) tells a delivery's retry under the next fence epoch from a
+    duplicate by splitting the key it received; the split is the exact inverse of the composition."""
+    from atmostonce.identity import platform_idempotency_key, split_platform_idempotency_key
+
+    dk = "d" * 64
+    assert split_platform_idempotency_key(platform_idempotency_key(dk, resend, fence)) == (dk, resend, fence)
+
+
+def test_a_first_send_carries_the_bare_delivery_key():
+    """Without a resend or a fence the platform sees the delivery key itself (docs/design.md#a-fence-is-a-tombstone)."""
+    from atmostonce.identity import platform_idempotency_key
+
+    assert platform_idempotency_key("d" * 64) == "d" * 64
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.5, "1", True, None])
+@pytest.mark.parametrize("which", ["resend_epoch", "fence_epoch"])
+def test_a_platform_key_refuses_an_epoch_that_is_not_a_non_negative_integer(which, epoch):
+    from atmostonce.identity import IdentityError, platform_idempotency_key
+
+    with pytest.raises(IdentityError):
+        platform_idempotency_key("d" * 64, **{which: epoch})

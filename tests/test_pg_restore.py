@@ -5,6 +5,7 @@ reconciler's plan from before the restore are refused, and nothing is resent (do
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -107,3 +108,69 @@ def test_restore_fences_pre_restore_workers_and_resends_nothing(pg_databases, tm
     finally:
         store.close()
         pg_databases.drop(url)
+
+
+def test_a_restore_without_sequence_positions_is_refused_on_open_and_repaired_by_declare_restore(
+    pg_databases, tmp_path, capsys
+):
+    """pg_dump A, pg_restore into an empty B without the dump's SEQUENCE SET entries (what a schema-only or
+    partial restore leaves): B refuses to open, declare-restore repairs it in one go, and work resumes with
+    generations past every stored one while the worker from before the dump is refused."""
+    from atmostonce import SequenceBehind
+    from atmostonce.store import FENCING_GUARDS
+    from tests.helpers import submit, to_state
+
+    url_a = pg_databases.fresh()
+    dsn = sa.engine.make_url(url_a)
+    conn_args = ["-h", dsn.query["host"], "-p", str(dsn.query["port"]), "-U", dsn.username or "postgres"]
+    name_b = f"{dsn.database}_b"
+    url_b = dsn.set(database=name_b).render_as_string(hide_password=False)
+    dump, listing = tmp_path / "a.dump", tmp_path / "a.list"
+    store = open_store(url_a, migrate=False)
+    try:
+        for i in range(5):
+            to_state(store, "published", text=f"published {i}")
+        inflight = submit(store, text="in flight at the dump")
+        stale = store.begin(inflight.key, lease_seconds=30)
+        _pg("pg_dump", *conn_args, "-Fc", "-f", str(dump), dsn.database)
+    finally:
+        store.close()
+    with pg_databases.admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name_b}"')
+    try:
+        entries = subprocess.run(
+            [str(find_pg_bin() / "pg_restore"), "-l", str(dump)], check=True, capture_output=True, text=True
+        ).stdout.splitlines()
+        kept = [e for e in entries if "SEQUENCE SET" not in e]
+        assert len(kept) < len(entries)  # the dump had sequence positions, and they are left behind
+        listing.write_text("\n".join(kept) + "\n", encoding="utf-8")
+        _pg("pg_restore", *conn_args, "--use-list", str(listing), "-d", name_b, str(dump))
+
+        with pytest.raises(SequenceBehind) as refused:
+            open_store(url_b, migrate=False)
+        behind = {n: (v, m) for n, v, m in refused.value.behind}
+        assert behind["generation"] == (0, stale.generation)
+        assert behind["aom_history.seq"][1] > 0
+        assert refused.value.repair == "atmostonce db declare-restore --operator NAME"
+
+        assert cli(["--json", "db", "declare-restore", "--operator", "ops", "--database-url", url_b]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["restore_epoch"], out["fenced"]) == (2, 1)
+        store = open_store(url_b, migrate=False)
+        try:
+            fresh = submit(store, text="after the restore")  # the history sequence no longer collides
+            assert store.begin(fresh.key, lease_seconds=30).generation > stale.generation
+            store.park(inflight.key, operator="ops")
+            store.resolve_not_sent(inflight.key, operator="ops")
+            store.retry(inflight.key)
+            renewed = store.begin(inflight.key, lease_seconds=30)
+            assert renewed.generation > stale.generation
+            with pytest.raises(GuardRefused) as stale_refused:  # before any byte
+                store.authorize_dispatch(stale, request_digest=inflight.request_digest)
+            assert stale_refused.value.guard in FENCING_GUARDS
+            assert store.get(inflight.key).attempt_token == renewed.attempt_token
+        finally:
+            store.close()
+    finally:
+        pg_databases.drop(url_b)
+        pg_databases.drop(url_a)

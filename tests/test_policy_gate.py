@@ -135,6 +135,8 @@ def test_declared_restore_fences_old_leases_and_resends_nothing(any_store, platf
     Sweeper(s, CONFIG).retry_failed()
     assert s.claimable() == [] and sink.requests == 0
     assert {s.get(k).state for k in keys} == {"parked"}
+    # each fenced look tombstoned the key it asked about, so each moved the fence epoch on
+    assert {s.get(k).fence_epoch for k in keys} == {3}
     for k in keys:  # the person establishes nothing was sent: each is sent exactly once
         s.resolve_not_sent(k, operator="ops")
     Sweeper(s, CONFIG).retry_failed()

@@ -31,6 +31,7 @@ def test_the_table_decides_which_moves_open_and_which_settle():
     assert {n: s for n, s in steps.items() if s and s[0] != "open"} == {
         "reconcile_found": ("lookup", "confirmed"),
         "reconcile_not_found": ("lookup", "unknown"),
+        "reconcile_unproven": ("lookup", "unknown"),
         "reconcile_absent": ("lookup", "failed"),
         "resolve_published": ("settle", "confirmed"),
         "resolve_not_sent": ("settle", "failed"),

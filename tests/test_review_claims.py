@@ -363,7 +363,7 @@ def test_a_withdrawal_racing_the_authorization_is_refused_as_the_model_refuses_i
 
     def withdraw():
         try:
-            done["w"] = s.withdraw_approval(apv.approval_id, operator="ops")
+            done["w"] = s.withdraw_approval(apv.approval_id, operator="ops", reason="no longer wanted")
         except Rejected as exc:
             done["w"] = exc
 

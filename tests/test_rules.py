@@ -197,6 +197,45 @@ def test_fenced_absence_makes_failed_and_found_makes_published(any_store):
     assert done.state == "published" and done.remote_id == "r-b"
 
 
+def test_a_fenced_absence_bumps_the_fence_epoch_so_the_retry_goes_out_under_a_fresh_platform_key(any_store):
+    """The fenced lookup tombstoned the first attempt's key; the retry's attempt records the next fence
+    epoch, and the delivery key never changes (docs/design.md, "A fence is a tombstone")."""
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate", max_attempts=2)
+    assert (s.get(it.key).fence_epoch, s.attempts(it.key)[0].idempotency_key) == (0, it.key)
+    failed = s.reconcile_absent(s.get(it.key).plan, fenced=True)
+    assert (failed.state, failed.key, failed.fence_epoch, failed.resend_epoch) == ("failed", it.key, 1, 0)
+    s.retry(it.key)
+    begin_authorize(s, it.key)
+    first, second = s.attempts(it.key)
+    assert (first.resend_epoch, first.fence_epoch, first.idempotency_key) == (0, 0, it.key)
+    assert (second.resend_epoch, second.fence_epoch, second.idempotency_key) == (0, 1, f"{it.key}.f1")
+    assert s.get(it.key).key == it.key
+
+
+def test_a_refused_fenced_absence_leaves_the_fence_epoch_alone(any_store):
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")
+    with pytest.raises(GuardRefused) as e:
+        s.reconcile_absent(s.get(it.key).plan, fenced=False)
+    assert (e.value.event, e.value.guard) == ("reconcile_absent", "evidence_fenced")
+    assert s.get(it.key).fence_epoch == 0
+
+
+def test_an_attempt_records_both_epochs_of_its_platform_key(any_store):
+    """A resend and a fenced absence each add their own epoch to the key the next attempt is sent under."""
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate", text=None, max_attempts=3)  # no text: no duplicate-text window
+    s.reconcile_absent(s.get(it.key).plan, fenced=True)
+    s.retry(it.key)
+    lease = begin_authorize(s, it.key)
+    s.record_unknown(lease, reason="read timeout")
+    s.park(it.key, operator="alice")
+    s.resend(it.key, operator="alice")
+    begin_authorize(s, it.key)
+    assert [a.idempotency_key for a in s.attempts(it.key)] == [it.key, f"{it.key}.f1", f"{it.key}.r1.f1"]
+
+
 @pytest.mark.parametrize("state", ["published", "parked"])
 def test_terminal_states_are_not_left_by_machine_events(any_store, state):
     s = any_store.store

@@ -175,7 +175,22 @@ def test_reconcile_lookups_of_one_intent_are_spaced_by_the_store_clock(any_store
     sink.plan("error_before_write")
     Dispatcher(store, transport, CONFIG).dispatch(it.key)
     paced = Reconciler(store, transport, dataclasses.replace(CONFIG, reconcile_interval=3600))
-    assert paced.run() == {"deferred": 1}
+    first = paced.run()  # the first look at an unknown send is made at once, not an interval later
+    assert "deferred" not in first and sum(first.values()) == 1
+    looked = len(store.reconciliations(it.key))
+    if store.get(it.key).state == "indeterminate":  # a second look waits for the interval (store clock)
+        assert paced.run() == {"deferred": 1}
+        assert len(store.reconciliations(it.key)) == looked  # no lookup, no record
+
+
+def test_the_first_look_waits_for_first_look_after(any_store, platform):
+    sink, transport, _ = platform
+    store = any_store.store
+    it = submit(store)
+    sink.plan("error_before_write")
+    Dispatcher(store, transport, CONFIG).dispatch(it.key)
+    late = Reconciler(store, transport, dataclasses.replace(CONFIG, first_look_after=3600))
+    assert late.run() == {"deferred": 1}
     assert [r.result for r in store.reconciliations(it.key)] == ["unknown"]  # the open record, no lookup
 
 

@@ -237,9 +237,9 @@ class Platform:
         self.calls.append(("read_back", remote_id))
         return Found(remote_id, self.objects[remote_id]) if remote_id in self.objects else NotFound()
 
-    def lookup(self, delivery_key, resend_epoch=0):
-        self.calls.append(("lookup", delivery_key, resend_epoch))
-        return self.by_key.get((delivery_key, resend_epoch), NotFound())
+    def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
+        self.calls.append(("lookup", delivery_key, resend_epoch, fence_epoch))
+        return self.by_key.get((delivery_key, resend_epoch, fence_epoch), NotFound())
 
     def matches(self, request, found):
         return dict(found.body or {}) == dict(request.body)
@@ -330,10 +330,10 @@ def test_a_transport_without_key_lookup_parks_as_unsupported():
 def test_a_lookup_the_platform_does_not_support_parks_as_unsupported():
     s = MemoryStore(clock=FakeClock())
     it = unknown(s)
-    t = Platform(Capabilities(lookup_by_key=True), by_key={(it.key, 0): Unsupported()})
+    t = Platform(Capabilities(lookup_by_key=True), by_key={(it.key, 0, 0): Unsupported()})
     assert Reconciler(s, t, CONFIG).reconcile_one(it) == "lookup.unsupported"
     assert parked_reason(s, it.key) == "lookup.unsupported"
-    assert t.calls == [("lookup", it.key, 0)]
+    assert t.calls == [("lookup", it.key, 0, 0)]
 
 
 def test_the_key_lookup_asks_for_the_resend_epoch_of_the_send():
@@ -346,9 +346,9 @@ def test_the_key_lookup_asks_for_the_resend_epoch_of_the_send():
     s.record_unknown(lease, reason="read timeout")
     again = s.get(it.key)
     assert again.resend_epoch == 1
-    t = Platform(Capabilities(lookup_by_key=True), by_key={(it.key, 1): Found("r-9")})
+    t = Platform(Capabilities(lookup_by_key=True), by_key={(it.key, 1, 0): Found("r-9")})
     assert Reconciler(s, t, CONFIG).reconcile_one(again) == "lookup.found"
-    assert t.calls == [("lookup", it.key, 1)]
+    assert t.calls == [("lookup", it.key, 1, 0)]
     assert (s.get(it.key).state, s.get(it.key).remote_id) == ("published", "r-9")
 
 
@@ -362,7 +362,7 @@ def test_a_key_lookup_that_finds_nothing_names_whether_absence_was_proven(fenced
     t = Platform(Capabilities(lookup_by_key=True, fenced_lookup=fenced))
     assert Reconciler(s, t, CONFIG).reconcile_one(it) == outcome
     assert s.get(it.key).state == state
-    assert t.calls == [("lookup", it.key, 0)]
+    assert t.calls == [("lookup", it.key, 0, 0)]
 
 
 # ---------------------------------------------------------------- one dispatch, its arguments exactly
@@ -410,7 +410,7 @@ class Sink:
     def read_back(self, remote_id):
         return Found(remote_id, self.objects[remote_id])
 
-    def lookup(self, delivery_key, resend_epoch=0):  # pragma: no cover - dispatch never looks up
+    def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):  # pragma: no cover - dispatch never looks up
         raise AssertionError("no lookup")
 
     def matches(self, request, found):
@@ -421,6 +421,9 @@ class Sink:
 
 
 def dispatch_with(spy, transport=None, **kw):
+    """A step-by-step dispatcher (each move its own call): these tests read the calls it makes;
+    tests/test_fused_dispatch.py covers the fused path."""
+    kw.setdefault("fused", False)
     return Dispatcher(spy, transport if transport is not None else Sink(), CONFIG, **kw)
 
 
@@ -601,7 +604,7 @@ def test_reconciler_run_defers_every_recent_intent_and_goes_on_to_the_due_ones()
     clock.advance(10)
     recent = [unknown(base, text=f"recent{i}") for i in range(2)]
     spy = Spy(base, list_intents=lambda state, limit: [recent[0], recent[1], old])
-    r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_interval=5))
+    r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_interval=5, first_look_after=5))
     assert r.run() == {"deferred": 2, "lookup.unsupported": 1}
     assert base.get(old.key).state == "parked" and base.get(recent[0].key).state == "indeterminate"
 

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from atmostonce import AppendOnlyViolation, GuardRefused, StoreError
+from atmostonce import AppendOnlyViolation, GuardRefused, IllegalMove, StoreError
 from atmostonce_sql import make_engine, open_store
 from atmostonce_sql.schema import APPEND_ONLY_TABLES, metadata
 from tests.helpers import begin_authorize, submit, to_state
@@ -35,12 +35,23 @@ def test_migrations_are_recorded_and_idempotent(sql_store):
 @pytest.mark.parametrize("table", APPEND_ONLY_TABLES)
 @pytest.mark.parametrize("statement", ["UPDATE {t} SET recorded_at = 0", "DELETE FROM {t}"])
 def test_append_only_tables_refuse_tampering(sql_store, table, statement):
-    it, _ = to_state(sql_store, "indeterminate")
+    it, lease = to_state(sql_store, "indeterminate")
+    with pytest.raises(IllegalMove) as late:  # a late success, kept in aom_late_outcomes
+        sql_store.record_success(lease, remote_id="obj-late")
+    sql_store.record_late_outcome(lease, outcome="send.success", refused=late.value, remote_id="obj-late")
     plan = sql_store.get(it.key).plan
     sql_store.reconcile_not_found(plan)
     with pytest.raises(GuardRefused):  # a stale plan: refused and recorded in aom_refusals
         sql_store.reconcile_not_found(plan)
     sql_store.capture_source("https://example.org/a", "a body")
+    if table == "aom_failovers":  # written by a store in HA mode on a PostgreSQL cluster (tests/ha): one row here
+        with sql_store._tx() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO aom_failovers (timeline, kind, mode, recorded_at) VALUES (1, 'first_seen', 'sync', 0)"
+                )
+            )
+    sql_store.set_kill_switch("account:x", True, operator="ann")  # a row of the policy log
     column = {"aom_attempts": "opened_at", "aom_source_versions": "captured_at"}.get(table, "recorded_at")
     with sql_store.engine.connect() as conn:
         before = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()

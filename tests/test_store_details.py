@@ -210,25 +210,24 @@ class Listing(MemoryStore):
         return super()._move(event, key, args)
 
 
-def test_declare_restore_lists_each_source_state_in_batches_of_500():
+def test_declare_restore_fences_every_intent_of_every_source_state_once():
     s = Listing(clock=FakeClock())
-    to_state(s, "published", text="p")
-    a = submit(s, text="a")
+    published = to_state(s, "published", text="p")[0]
+    moved = [submit(s, text="a"), to_state(s, "authorized", text="b")[0], to_state(s, "failed", text="c")[0]]
     epoch, fenced = s.declare_restore(operator="alice")
-    assert fenced == 1
-    assert s.get(a.key).state == "indeterminate"
-    # pending: one batch that moved, one empty; authorized and failed: empty at once
-    assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
+    assert (epoch, fenced) == (2, 3)
+    assert [s.get(it.key).state for it in moved] == ["indeterminate"] * 3
+    assert s.get(published.key).state == "published"
+    assert [h.event for h in s.history(moved[0].key)].count("restore_fence") == 1
 
 
-def test_declare_restore_stops_at_a_batch_that_moves_nothing():
+def test_a_fence_a_guard_refuses_leaves_that_intent_and_moves_the_rest():
     s = Listing(clock=FakeClock())
     a, b = submit(s, text="a"), submit(s, text="b")
     s.refuse = {a.key}
     epoch, fenced = s.declare_restore(operator="alice")
-    assert fenced == 1
+    assert (epoch, fenced) == (2, 1)
     assert (s.get(a.key).state, s.get(b.key).state) == ("pending", "indeterminate")
-    assert s.calls == [("pending", 500), ("pending", 500), ("authorized", 500), ("failed", 500)]
 
 
 # ---------------------------------------------------------------- plans and sweeper snapshots

@@ -107,6 +107,8 @@ class Server:
             return intent_json(s.reconcile_found(plan(a), remote_id=a["remote_id"]))
         if op == "reconcile_not_found":
             return intent_json(s.reconcile_not_found(plan(a)))
+        if op == "reconcile_unproven":
+            return intent_json(s.reconcile_unproven(plan(a)))
         if op == "reconcile_absent":
             return intent_json(s.reconcile_absent(plan(a), fenced=a["fenced"]))
         if op == "park_unreconcilable":

@@ -18,7 +18,7 @@ import pytest
 
 from atmostonce.conformance import RUNTIME_OPS, STORE_OPS, cases_dir, load_cases, load_schema, validate_document
 from atmostonce.conformance.cases import NON_CASE_FILES
-from atmostonce.conformance.drivers import CLAIM_OPS
+from atmostonce.conformance.drivers import CLAIM_OPS, EVIDENCE_OPS
 from atmostonce.table import MACHINES, machine, table
 
 ROOT = cases_dir()
@@ -106,6 +106,7 @@ def test_current_cases_use_only_operations_drivers_answer():
     for c in CURRENT:
         allowed = set(STORE_OPS) | (set(RUNTIME_OPS) if "runtime" in c.requires else set())
         allowed |= set(CLAIM_OPS) if "claims" in c.requires else set()
+        allowed |= set(EVIDENCE_OPS) if "evidence" in c.requires else set()
         used = {s["op"] for s in _steps(c)}
         assert used <= allowed, (c.id, used - allowed)
         if "runtime" in c.requires:
@@ -148,8 +149,8 @@ def test_refused_steps_also_check_that_nothing_changed_where_a_subject_exists():
         (c.id, i)
         for c in CURRENT
         for i, s in enumerate(c.steps, 1)
-        if "refused" in s.get("expect", {})
-        and s["expect"]["refused"] != "intent_exists"
+        if ("refused" in s.get("expect", {}) or "refused_by_any" in s.get("expect", {}))
+        and s["expect"].get("refused") != "intent_exists"
         and not s["expect"].get("unchanged")
     ]
     assert lazy == []

@@ -1,0 +1,100 @@
+"""What the worker pass and the listings tell a person (issue 22): ``work`` exits non-zero and names the key
+when a send's outcome stays unknown; ``intents list`` says when it cut the list at ``--limit``; ``intents
+show`` prints the platform idempotency key and the request body, what is needed to find the post."""
+
+from __future__ import annotations
+
+import json
+
+from atmostonce.identity import platform_idempotency_key
+from atmostonce_cli.main import EXIT_OK, EXIT_STORE
+from atmostonce_http import PlatformSink, sink_config
+from tests.helpers import run_cli, to_state
+
+
+def _config(tmp_path, sink):
+    cfg = tmp_path / "platform.json"
+    cfg.write_text(json.dumps(sink_config(sink.url).as_mapping()))
+    return str(cfg)
+
+
+def test_work_exits_non_zero_and_names_the_key_after_an_unknown_send(capsys, cli_db, tmp_path):
+    url, store = cli_db
+    it = store.submit("acct", "post", "room-w", {"text": "lost in the network"})
+    with PlatformSink() as sink:
+        sink.plan("drop_before_write")  # the connection dies: the outcome is unknown (nothing was written)
+        rc, out, err = run_cli(
+            capsys, "--json", "work", "--platform-config", _config(tmp_path, sink), "--database-url", url
+        )
+        assert sink.creates == 0
+    doc = json.loads(out)
+    state = store.get(it.key).state
+    assert rc == EXIT_STORE
+    assert doc["send.unknown"] == 1
+    assert doc["unsettled"] == [{"key": it.key, "outcome": "send.unknown", "state": state}]
+    assert store.table.states[state].kind == "unknown"  # never resent: left for reconciliation or a person
+    with PlatformSink() as sink:
+        sink.plan("drop_before_write")
+        other = store.submit("acct", "post", "room-w2", {"text": "again"})
+        rc, out, _ = run_cli(capsys, "work", "--platform-config", _config(tmp_path, sink), "--database-url", url)
+    assert rc == EXIT_STORE and other.key in out
+
+
+def test_work_exits_zero_when_every_send_settles(capsys, cli_db, tmp_path):
+    url, store = cli_db
+    it = store.submit("acct", "post", "room-ok", {"text": "fine"})
+    with PlatformSink() as sink:
+        rc, out, _ = run_cli(
+            capsys, "--json", "work", "--platform-config", _config(tmp_path, sink), "--database-url", url
+        )
+    assert rc == EXIT_OK and "unsettled" not in json.loads(out)
+    assert store.table.states[store.get(it.key).state].terminal
+
+
+def test_intents_list_says_when_it_cut_the_list_at_its_limit(capsys, cli_db):
+    url, store = cli_db
+    keys = [store.submit("acct", "post", f"room-{i}", {"text": f"t{i}"}).key for i in range(3)]
+    rc, out, _ = run_cli(capsys, "--json", "intents", "list", "--limit", "2", "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_OK and doc["truncated"] is True and doc["limit"] == 2
+    assert [d["key"] for d in doc["intents"]] == keys[:2]
+    rc, out, _ = run_cli(capsys, "--json", "intents", "list", "--limit", "3", "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_OK and doc["truncated"] is False and len(doc["intents"]) == 3
+    rc, out, err = run_cli(capsys, "intents", "list", "--limit", "2", "--database-url", url)
+    assert rc == EXIT_OK and "--limit" in err and keys[2][:16] not in out
+    rc, _, err = run_cli(capsys, "intents", "list", "--limit", "3", "--database-url", url)
+    assert rc == EXIT_OK and err == ""
+
+
+def test_intents_list_default_limit_is_reported(capsys, cli_db):
+    url, store = cli_db
+    rc, out, _ = run_cli(capsys, "--json", "intents", "list", "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_OK and doc == {"intents": [], "limit": 100, "truncated": False}
+
+
+def test_intents_show_text_includes_the_idempotency_key_and_the_request_body(capsys, cli_db):
+    url, store = cli_db
+    it, _ = to_state(store, "indeterminate")
+    fresh = store.get(it.key)
+    idem = platform_idempotency_key(fresh.key, fresh.resend_epoch, fresh.fence_epoch)
+    body = json.dumps(dict(fresh.request), sort_keys=True, ensure_ascii=False)
+    rc, out, _ = run_cli(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == EXIT_OK and idem in out and body in out
+    rc, out, _ = run_cli(capsys, "--json", "intents", "show", it.key, "--database-url", url)
+    doc = json.loads(out)
+    assert doc["idempotency_key"] == idem and doc["request_body"] == dict(fresh.request)
+    assert doc["sent_under"] == [a.idempotency_key for a in store.attempts(it.key)]
+
+
+def test_intents_show_names_the_key_a_resend_goes_out_under(capsys, cli_db):
+    url, store = cli_db
+    it, _ = to_state(store, "parked")
+    store.resend(it.key, operator="bob")
+    after = store.get(it.key)
+    rc, out, _ = run_cli(capsys, "--json", "intents", "show", it.key, "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_OK and after.resend_epoch == 1
+    assert doc["idempotency_key"] == platform_idempotency_key(after.key, 1, after.fence_epoch)
+    assert doc["idempotency_key"] != after.key

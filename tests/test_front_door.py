@@ -1,0 +1,72 @@
+"""The front door (issue 20): ``atmostonce.open_store`` resolves a URL's scheme through the ``atmostonce.stores``
+entry points, and nothing imports a store opener from the CLI package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import atmostonce
+from atmostonce import MemoryStore, Store
+from atmostonce.plugins import DEFAULT_URL, ENV_URL, resolve_url, scheme_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_open_store_opens_each_registered_scheme(tmp_path):
+    mem = atmostonce.open_store("memory://")
+    assert isinstance(mem, MemoryStore) and isinstance(mem, Store)
+    sql = atmostonce.open_store(f"sqlite:///{tmp_path / 'a.sqlite3'}")
+    try:
+        assert isinstance(sql, Store)
+        it = sql.submit("acct", "post", "room", {"text": "hi"})
+        assert sql.get(it.key).state == sql.table.initial
+    finally:
+        sql.close()
+
+
+def test_open_store_reads_the_environment_then_the_default(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_URL, "memory://")
+    assert isinstance(atmostonce.open_store(), MemoryStore)
+    monkeypatch.delenv(ENV_URL)
+    assert resolve_url(None) == DEFAULT_URL
+    assert resolve_url("memory://") == "memory://"
+
+
+def test_open_store_refuses_an_unknown_scheme_and_a_blank_url():
+    with pytest.raises(ValueError, match="no store plugin for 'nosuch'"):
+        atmostonce.open_store("nosuch://x")
+    with pytest.raises(ValueError, match="empty"):
+        atmostonce.open_store("  ")
+
+
+def test_scheme_of_drops_the_driver_and_maps_aliases():
+    assert scheme_of("postgresql+psycopg://u@h/db") == "postgresql"
+    assert scheme_of("postgres://u@h/db") == "postgresql"
+    assert scheme_of("SQLite:///x") == "sqlite"
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level and path.parent.name == "atmostonce_cli":
+                mod = f"atmostonce_cli.{mod}" if mod else "atmostonce_cli"
+            names.add(mod)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_nothing_imports_a_store_opener_from_the_cli_package():
+    shim = ROOT / "adapters" / "atmostonce_cli" / "stores.py"
+    offenders = [
+        str(p.relative_to(ROOT))
+        for folder in ("reference", "adapters", "tests", "mutation")
+        for p in (ROOT / folder).rglob("*.py")
+        if p != shim and "atmostonce_cli.stores" in _imports(p)
+    ]
+    assert offenders == []

@@ -1,0 +1,294 @@
+"""Two durable points per send (docs/design.md#two-durable-points-per-send): ``begin`` with
+``authorize_dispatch`` in one transaction before the bytes, the send's success with its read-back's move
+in one after; on every store, and on PostgreSQL the rule that only the outcome may commit without
+waiting for the disk."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import psycopg
+import pytest
+
+from atmostonce import GuardRefused, IntakeError, Rejected
+from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper
+from atmostonce.transport import Capabilities, Found, NotFound, NotSent, Sent, Unknown
+from tests.helpers import submit
+
+CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+
+
+class Platform:
+    """An in-memory platform: ``answer`` decides each send; read-back returns what was stored (or ``edit``)."""
+
+    name, protocol_version = "memory-platform", 1
+
+    def __init__(self, answer="sent", edit=None, read_back=True):
+        self.answer, self.edit, self.objects, self.sends = answer, edit, {}, 0
+        self.capabilities = Capabilities(read_back=read_back, lookup_by_key=True, fenced_lookup=False)
+
+    def send(self, wire):
+        self.sends += 1
+        if self.answer == "not_sent":
+            return NotSent("connect refused")
+        rid = f"r{self.sends}"
+        self.objects[rid] = dict(wire.body) | ({} if self.edit is None else self.edit)
+        return Unknown("read timeout") if self.answer == "unknown" else Sent(rid, response_digest="d")
+
+    def read_back(self, remote_id):
+        body = self.objects.get(remote_id)
+        return NotFound() if body is None else Found(remote_id, body)
+
+    def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
+        return NotFound()
+
+    def matches(self, request, found):
+        return dict(found.body or {}) == dict(request.body)
+
+    def close(self):
+        pass
+
+
+def events(store, key):
+    return [h.event for h in store.history(key)]
+
+
+def test_a_refused_authorization_leaves_no_attempt_and_spends_nothing(any_store):
+    store = any_store.store
+    it = submit(store)
+    store.set_kill_switch("global", True, operator="ops")
+    with pytest.raises(GuardRefused) as e:
+        store.begin_and_authorize(it.key, request_digest=it.request_digest)
+    assert (e.value.event, e.value.guard) == ("authorize_dispatch", "kill_switch_off")
+    after = store.get(it.key)
+    assert (after.state, after.attempt_count, after.attempt_token) == ("pending", 0, None)
+    assert store.attempts(it.key) == []
+    assert events(store, it.key) == ["submit"]
+
+
+def test_a_refused_begin_is_raised_as_begin_and_moves_nothing(any_store):
+    store = any_store.store
+    it = submit(store)
+    store.begin(it.key, lease_seconds=30)  # an attempt is open: no second one (no_open_attempt)
+    with pytest.raises(GuardRefused) as e:
+        store.begin_and_authorize(it.key, request_digest=it.request_digest)
+    assert (e.value.event, e.value.guard) == ("begin", "no_open_attempt")
+    assert events(store, it.key) == ["submit", "begin"]
+
+
+def test_the_fused_moves_write_the_history_of_the_moves_one_by_one(any_store):
+    store = any_store.store
+    it = submit(store)
+    lease, authorized = store.begin_and_authorize(it.key, request_digest=it.request_digest, lease_seconds=30)
+    assert authorized.state == "authorized"
+    assert (lease.key, lease.attempt_token, lease.generation) == (
+        it.key,
+        authorized.attempt_token,
+        authorized.generation,
+    )
+    done = store.record_sent(lease, remote_id="r-9", response_digest="d", read_back="read_back.match")
+    assert (done.state, done.remote_id) == ("published", "r-9")
+    assert events(store, it.key) == ["submit", "begin", "authorize_dispatch", "record_success", "confirm_read_back"]
+    assert [a.outcomes for a in store.attempts(it.key)] == [("confirm_read_back",)]
+
+
+def test_a_mismatched_read_back_is_recorded_with_its_success_and_its_evidence(any_store):
+    store = any_store.store
+    it = submit(store)
+    lease, _ = store.begin_and_authorize(it.key, request_digest=it.request_digest)
+    out = store.record_sent(
+        lease, remote_id="r-1", read_back="read_back.differs", reason="read_back.differs", evidence={"field": "/text"}
+    )
+    assert (out.state, out.remote_id) == ("indeterminate", "r-1")
+    last = store.history(it.key)[-1]
+    assert (last.event, last.detail.get("evidence")) == ("read_back_failed", {"field": "/text"})
+
+
+def test_an_outcome_under_a_lapsed_lease_writes_neither_move(any_store):
+    store = any_store.store
+    it = submit(store)
+    lease, _ = store.begin_and_authorize(it.key, request_digest=it.request_digest, send_lease_seconds=10)
+    any_store.advance(60)
+    assert Sweeper(store, CONFIG).sweep_leases()["expired"] == 1  # the send is unknown now
+    with pytest.raises(Rejected):
+        store.record_sent(lease, remote_id="r-1", read_back="read_back.match")
+    after = store.get(it.key)
+    assert (after.state, after.remote_id) == ("indeterminate", None)
+    assert "record_success" not in events(store, it.key)
+
+
+@pytest.mark.parametrize("outcome", ["send.not_sent", "lookup.found", "no.such.outcome"])
+def test_record_sent_takes_only_a_read_back_outcome(any_store, outcome):
+    store = any_store.store
+    it = submit(store)
+    lease, _ = store.begin_and_authorize(it.key, request_digest=it.request_digest)
+    with pytest.raises(IntakeError):
+        store.record_sent(lease, remote_id="r-1", read_back=outcome)
+    assert store.get(it.key).state == "authorized"
+
+
+@pytest.mark.parametrize(
+    "platform",
+    [
+        pytest.param(dict(), id="match"),
+        pytest.param(dict(edit={"text": "edited"}), id="mismatch"),
+        pytest.param(dict(read_back=False), id="no-read-back"),
+        pytest.param(dict(answer="not_sent"), id="not-sent"),
+        pytest.param(dict(answer="unknown"), id="unknown"),
+    ],
+)
+def test_a_fused_dispatch_ends_where_the_step_by_step_one_does(any_store, platform):
+    store = any_store.store
+    fused, stepwise = submit(store, text="fused"), submit(store, text="stepwise", target="room-2")
+    a = Dispatcher(store, Platform(**platform), CONFIG).dispatch(fused.key)
+    b = Dispatcher(store, Platform(**platform), CONFIG, fused=False).dispatch(stepwise.key)
+    assert a == b
+    assert events(store, fused.key) == events(store, stepwise.key)
+    one, other = store.get(fused.key), store.get(stepwise.key)
+    assert (one.state, one.remote_id is None) == (other.state, other.remote_id is None)
+
+
+def test_a_kill_switch_stops_a_fused_dispatch_before_anything_is_begun(any_store):
+    store = any_store.store
+    it = submit(store)
+    store.set_kill_switch(f"account:{it.account}", True, operator="ops")
+    platform = Platform()
+    assert Dispatcher(store, platform, CONFIG).dispatch(it.key) == "gate.paused"
+    assert platform.sends == 0
+    assert events(store, it.key) == ["submit"]
+
+
+def test_a_policy_block_on_the_fused_path_parks_as_the_step_by_step_path_does(any_store):
+    store = any_store.store
+    it = submit(store)
+    store.set_credential_version(it.account, "v2")
+    platform = Platform()
+    d = Dispatcher(store, platform, CONFIG, credential_version=lambda account: "v1")
+    assert d.dispatch(it.key) == "gate.blocked"
+    assert platform.sends == 0
+    assert store.get(it.key).state == "parked"
+    assert events(store, it.key) == ["submit", "begin", "block_at_gate"]
+
+
+def test_a_success_whose_outcome_is_refused_is_kept_as_evidence_on_the_attempt(any_store):
+    store = any_store.store
+    it = submit(store)
+
+    class Slow(Platform):
+        def send(self, wire):  # the send lease lapses while the platform answers
+            any_store.advance(60)
+            Sweeper(store, CONFIG).sweep_leases()
+            return super().send(wire)
+
+    with pytest.raises(Rejected):
+        Dispatcher(store, Slow(), CONFIG).dispatch(it.key)
+    (ev,) = store.evidence(it.key)
+    assert (ev.outcome, ev.remote_id) == ("send.success", "r1")
+    assert store.get(it.key).state == "indeterminate"
+
+
+# ---------------------------------------------------------------- PostgreSQL: which commits wait for the disk
+class Statements:
+    """Every statement the process sends through psycopg, in order."""
+
+    def __init__(self, monkeypatch):
+        self.sent: list[str] = []
+        original = psycopg.Cursor.execute
+        outer = self
+
+        def execute(cur, query, params=None, *a, **kw):
+            outer.sent.append(query if isinstance(query, str) else str(query))
+            return original(cur, query, params, *a, **kw)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+
+    def transactions(self) -> list[list[str]]:
+        out, current = [], None
+        for q in self.sent:
+            if q == "BEGIN":
+                current = []
+            elif q == "COMMIT" and current is not None:
+                out.append(current)
+                current = None
+            elif current is not None:
+                current.append(q)
+        return out
+
+
+@pytest.mark.postgres
+def test_the_authorization_waits_for_the_disk_and_only_the_outcome_may_not(pg_store, monkeypatch):
+    it = submit(pg_store)
+    seen = Statements(monkeypatch)
+    assert Dispatcher(pg_store, Platform(), CONFIG).dispatch(it.key) == "read_back.match"
+    authorize, outcome = seen.transactions()
+    async_commit = "SET LOCAL synchronous_commit = off"
+    assert async_commit not in authorize and any("aom_moved" in q for q in authorize)
+    assert outcome[0] == async_commit and len(outcome) == 3  # the setting, record_success, confirm_read_back
+
+
+@pytest.mark.postgres
+def test_a_store_told_to_keep_outcomes_durable_commits_them_synchronously(pg_databases, monkeypatch):
+    from atmostonce_sql import open_store
+
+    url = pg_databases.fresh()
+    store = open_store(url, migrate=False, async_outcomes=False)
+    try:
+        it = submit(store)
+        seen = Statements(monkeypatch)
+        assert Dispatcher(store, Platform(), CONFIG).dispatch(it.key) == "read_back.match"
+        assert not any("synchronous_commit" in q for q in seen.sent)
+    finally:
+        store.close()
+        pg_databases.drop(url)
+
+
+@pytest.mark.postgres
+def test_an_outcome_lost_in_a_database_crash_is_settled_by_reconciliation_and_never_resent():
+    """The outcome commits without waiting for the disk, so a crash of the server right after it may
+    lose it (likely here: the WAL writer sleeps 10 s). Whatever survived, the intent is either where the
+    outcome put it or where the authorization left it (both moves of the outcome, or neither), and it
+    ends published with one object on the platform: the lease expires, the send is unknown, and the
+    lookup finds it. A lost authorization, which this rule exists to prevent, would instead have sent
+    the intent again."""
+    from atmostonce_http import HttpTransport, PlatformSink, sink_config
+    from atmostonce_sql import open_store
+    from atmostonce_sql.pgserver import LocalCluster
+    from atmostonce_sql.testing import age_leases
+
+    parent = tempfile.mkdtemp(prefix="atmostonce-async-outcome-", dir="/tmp")
+    os.chmod(parent, 0o755)
+    cluster = LocalCluster(
+        os.path.join(parent, "pg"), remove_on_stop=False, fsync=True, settings={"wal_writer_delay": "10s"}
+    ).start()
+    store = None
+    try:
+        url = cluster.create_database("crash")
+        store = open_store(url)
+        with PlatformSink(dedupe=False, fenced_lookup=True) as sink:
+            cfg = sink_config(sink.url, key_field="/delivery_key", lookup_fenced=True)
+            with HttpTransport(cfg) as transport:
+                keys = [submit(store, text=f"crash {i}", target=f"room-{i}").key for i in range(5)]
+                d = Dispatcher(store, transport, CONFIG)
+                assert [d.dispatch(k) for k in keys] == ["read_back.match"] * 5
+                store.close()
+                cluster.stop()  # pg_ctl stop -m immediate: the server crashes, WAL buffers are gone
+                cluster.start()
+                store = open_store(url, migrate=False)
+                after = {k: store.get(k).state for k in keys}
+                assert set(after.values()) <= {"published", "authorized"}
+                for k in keys:
+                    hist = events(store, k)
+                    assert hist[-1] in ("confirm_read_back", "authorize_dispatch")
+                age_leases(store, 60)
+                Sweeper(store, CONFIG).tick()
+                Reconciler(store, transport, CONFIG).run()
+                assert {k: store.get(k).state for k in keys} == dict.fromkeys(keys, "published")
+                assert sink.creates_by_key == dict.fromkeys(keys, 1)  # nothing sent twice
+    finally:
+        if store is not None:
+            store.close()
+        cluster.remove_on_stop = True
+        cluster.stop()
+        shutil.rmtree(parent, ignore_errors=True)
