@@ -11,29 +11,68 @@ MUTMUT_SLICE ?= 'atmostonce.errors.*' 'atmostonce.identity.*'
 # `make mutmut MUTMUT="'atmostonce.model.*'"` runs (and records) one module; empty: every mutant
 MUTMUT  ?=
 
-.PHONY: demo test quick lint spec-check docs docs-check soak bench matrix demo-matrix model-check mutation ablation mutation-slice mutmut mutmut-slice wheel-check clean
 
+.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench matrix demo-matrix demo-json-server demo-email email model-check mutation ablation mutation-slice mutmut mutmut-slice wheel-check clean
+
+# the test stack (every extra): make test, quick and the rest
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
-## the main job on the embedded default (SQLite + the local platform sink)
-demo: $(STAMP)
+# what the demo needs: the core install alone (no extras: no Synapse, mutmut, Hypothesis, pytest)
+DEMO_STAMP := $(VENV)/.installed-demo
+$(DEMO_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then \
+	  echo "make demo: $(VENV) already has the test install, which includes the core"; \
+	else \
+	  echo "make demo: installing atmostonce (the core, without the test stack) into $(VENV) ..."; \
+	  start=$$(date +%s); \
+	  { test -x $(BIN)/python || $(PY) -m venv $(VENV); } && \
+	  $(BIN)/python -m pip install -q --disable-pip-version-check -e . && \
+	  echo "make demo: installed in $$(( $$(date +%s) - start )) s"; \
+	fi
+	@touch $(DEMO_STAMP)
+
+## the main job on the embedded default (SQLite + the local platform sink); installs the core only
+demo: $(DEMO_STAMP)
 	$(BIN)/atmostonce demo
 
 ## the whole test suite: unit, stateful (model, SQLite, PostgreSQL), transports, end to end, formal
 ## (installs PostgreSQL and Spin with apt-get first when they are missing)
+## (the HA cluster tests, tests/ha, run in `make ha` and `make ha-ci`: they start etcd and two Patroni nodes)
 test: $(STAMP)
 	bash .ci/install-tools.sh
-	$(PYTEST) -n $(WORKERS) -q -p no:randomly
+	$(PYTEST) -n $(WORKERS) -q -p no:randomly --ignore=tests/ha
 
-## spec check + lint + docs lint + fast tests, under a minute
-quick: $(STAMP) spec-check lint docs-check
+## spec check + lint + type check + docs lint + fast tests, under a minute: the model, SQLite and the core; the suites
+## that start real servers or drive the CLI or the runtime end to end (tests/http, tests/test_cli*.py,
+## test_runtime, test_service, test_extras, test_readme, the web console (tests/console), the conformance
+## cases, Synapse, Postfix/Dovecot, PostgreSQL) run in `make test`
+quick: $(STAMP) spec-check lint typecheck docs-check
 	$(PYTEST) -q -x -m "not postgres and not slow" -n $(WORKERS) \
-	  --ignore=tests/test_store_differential.py --ignore=tests/test_pgserver.py --ignore=tests/matrix \
-	  --ignore=tests/conformance/test_conformance.py
+	  --ignore=tests/test_store_differential.py --ignore=tests/test_pgserver.py --ignore=tests/matrix --ignore=tests/email \
+	  --ignore=tests/http --ignore=tests/conformance --ignore=tests/ha --ignore-glob='tests/test_cli*.py' \
+	  --ignore=tests/test_runtime.py --ignore=tests/test_service.py --ignore=tests/test_extras.py --ignore=tests/test_readme.py \
+	  --ignore=tests/console
+
+## the PostgreSQL HA cluster (etcd + two Patroni nodes on loopback, docs/deployment.md): the failover tests, then
+## 4 worker processes publish HA_INTENTS intents while the primary is SIGKILLed HA_FAILOVERS times, with the rule
+## (synchronous replication, HA mode sync: no duplicate) and without it (the ablation: must catch a duplicate);
+## both runs write their results to docs/deployment.md
+HA_INTENTS   ?= 2000
+HA_FAILOVERS ?= 3
+ha: $(STAMP)
+	bash .ci/install-tools.sh
+	$(PYTEST) -q -p no:randomly tests/ha
+	$(BIN)/python -m tests.ha.load --intents $(HA_INTENTS) --failovers $(HA_FAILOVERS) --workers 4 --write docs/deployment.md
+	$(BIN)/python -m tests.ha.load --intents $(HA_INTENTS) --failovers $(HA_FAILOVERS) --workers 4 --ablation --write docs/deployment.md
+
+## the bounded HA slice for CI: the failover tests and one failover under a few hundred intents (nothing written)
+ha-ci: $(STAMP)
+	$(PYTEST) -q -p no:randomly tests/ha
+	$(BIN)/python -m tests.ha.load --intents 300 --failovers 1 --workers 4
 
 spec-check: $(STAMP)
 	$(BIN)/atmostonce spec check
@@ -41,6 +80,13 @@ spec-check: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check reference adapters tests mutation spec
 	$(BIN)/ruff format --check reference adapters tests mutation spec
+
+## mypy: --strict on the atmostonce package, a lighter pass on the adapters ([tool.mypy] in pyproject.toml), and
+## tests/typing_protocols.py: the shipped stores and transports satisfy their protocols;
+## incremental, cached in build/mypy-cache
+TYPED := atmostonce atmostonce_sql atmostonce_http atmostonce_cli atmostonce_matrix atmostonce_email atmostonce_function atmostonce_console
+typecheck: $(STAMP)
+	$(BIN)/mypy $(addprefix -p ,$(TYPED)) -m tests.typing_protocols
 
 ## regenerate docs/ tables and diagrams from spec/table.toml
 docs: $(STAMP)
@@ -55,15 +101,56 @@ docs-check: $(STAMP)
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=soak $(PYTEST) -q tests/test_store_differential.py
 
-## benchmark the PostgreSQL store against raw psycopg (fsync on); writes docs/performance.md
-bench: $(STAMP)
+## worker processes on a throwaway PostgreSQL for SOAK_SECONDS (default an hour): the database restarted under
+## them, workers SIGKILLed, platform faults; zero duplicates, audit intact; writes docs/soak.md
+SOAK_SECONDS ?= 3600
+soak-worker: $(STAMP)
+	bash .ci/install-tools.sh
+	SOAK_SECONDS=$(SOAK_SECONDS) $(BIN)/python -m tests.soak_worker --write docs/soak.md
+
+## the differential suite (SQLite and PostgreSQL against the model) RUNS times in a row, fresh seeds each run;
+## stops at the first red run. Load the machine from another shell to run it under load.
+RUNS ?= 20
+differential-repeat: $(STAMP)
+	for i in $$(seq 1 $(RUNS)); do \
+	  echo "run $$i of $(RUNS), load $$(cut -d' ' -f1 /proc/loadavg)"; \
+	  $(PYTEST) -q -p no:randomly -p no:cacheprovider tests/test_store_differential.py tests/test_stateful_clock.py || exit 1; \
+	done
+
+## retake the screenshots docs/console.md shows (the browser test, writing into docs/console)
+console-screenshots: $(STAMP)
+	ATMOSTONCE_SCREENSHOTS=docs/console $(PYTEST) -q -p no:randomly tests/console/test_browser.py
+
+## benchmark a protected call (submit, authorize, no-op send, outcome) through atmostonce, raw psycopg and the
+## two PyPI peers (installed into their own venv), interleaved, fsync on; and the store against its own SQL
+## replayed raw; writes docs/performance.md. A measurement, not a test.
+BENCH_VENV ?= build/bench-venv
+$(BENCH_VENV)/.installed: pyproject.toml
+	test -x $(BENCH_VENV)/bin/python || $(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q -e ".[postgres]" agent-once==0.1.0 exactly-once==0.2.1
+	touch $@
+bench: $(STAMP) $(BENCH_VENV)/.installed
 	$(BIN)/python tests/bench/bench_store.py --write
+	$(BENCH_VENV)/bin/python tests/bench/bench_dispatch.py --write
 
 ## the Matrix transport against a real local Synapse, and the demo on it
 matrix: $(STAMP)
 	$(PYTEST) -q tests/matrix
 demo-matrix: $(STAMP)
 	$(BIN)/atmostonce demo --platform matrix
+## the main job against json-server (npm, installed into build/npm) behind the fault proxy (docs/platforms.md)
+demo-json-server: $(STAMP)
+	$(BIN)/atmostonce demo --platform json-server
+
+## the main job against a throwaway Postfix and Dovecot behind the SMTP fault relay (needs root and the Debian
+## packages postfix and dovecot-imapd, which `bash .ci/install-tools.sh` installs; says so and exits 3 without them)
+demo-email: $(STAMP)
+	$(BIN)/atmostonce demo --platform email
+
+## the email transport against a real local Postfix and Dovecot (docs/platforms.md)
+email: $(STAMP)
+	bash .ci/install-tools.sh
+	$(PYTEST) -q tests/email
 
 ## formal check: Spin model generated from spec/table.toml, one ablation per guard, the broken config (docs/formal.md)
 model-check: $(STAMP)
@@ -94,7 +181,8 @@ mutmut-slice: $(STAMP)
 	$(BIN)/python -m mutation.mutmut_run --max-children $(WORKERS) $(MUTMUT_SLICE)
 	$(BIN)/python -m mutation.mutmut_check $(MUTMUT_SLICE)
 
-## build the wheel, install it into a fresh virtual environment, load the table from there
+## build the wheel, install it without extras into a fresh virtual environment, load the table from there,
+## and run the README's "Using it" snippet from there on SQLite, twice on the same file
 wheel-check: $(STAMP)
 	rm -rf build/wheel-check && mkdir -p build/wheel-check
 	$(BIN)/python -m pip wheel -q --no-deps -w build/wheel-check .
@@ -103,8 +191,23 @@ wheel-check: $(STAMP)
 	cd build && wheel-check/venv/bin/python -c "import atmostonce; from atmostonce.table import spec_dir; \
 	  p = spec_dir(); assert 'site-packages' in str(p), p; \
 	  from atmostonce.checks import check_table; assert check_table(atmostonce.table()) == {}; \
+	  from atmostonce_email.classify import email_outcomes_path, email_outcome_table; email_outcome_table(); \
+	  assert 'site-packages' in str(email_outcomes_path()); \
+	  from atmostonce_http.profile import profiles_dir, shipped_profiles; assert 'site-packages' in str(profiles_dir()); \
+	  assert {'local-sink', 'json-server', 'matrix'} <= set(shipped_profiles()), shipped_profiles(); \
 	  print('wheel ships the table:', p)"
 	cd build && wheel-check/venv/bin/atmostonce spec check
+	cd build && wheel-check/venv/bin/python -c "import pathlib, atmostonce, atmostonce_sql, atmostonce_http; \
+	  missing = [m.__name__ for m in (atmostonce, atmostonce_sql, atmostonce_http) \
+	             if not (pathlib.Path(m.__file__).parent / 'py.typed').is_file()]; \
+	  assert not missing, f'no py.typed in {missing}'"
+	@# the README's "Using it" block, taken from README.md (tests/test_readme.py), run twice from the wheel on SQLite
+	$(BIN)/python -c "from tests.test_readme import python_blocks; print(python_blocks()[0])" > build/wheel-check/using_it.py
+	mkdir -p build/wheel-check/run
+	cd build/wheel-check/run && for run in 1 2; do \
+	  ../venv/bin/python ../using_it.py > out.txt || exit 1; cat out.txt; \
+	  test "$$(tail -n 1 out.txt)" = published || { echo "wheel-check: run $$run of the README snippet did not end published"; exit 1; }; \
+	done
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache mutants

@@ -54,7 +54,12 @@ SUITES = {
     "runtime": (["tests/test_runtime.py"], "memory", ["tests/test_runtime_details.py"]),
 }
 # the approval and claim machines (issue 5): their mutants run the tests aimed at those machines
-CLAIM_TARGETED = ["tests/test_claims.py", "tests/test_claims_runtime.py"]
+CLAIM_TARGETED = [
+    "tests/test_approval_rules.py",
+    "tests/test_signed_approvals.py",
+    "tests/test_claims.py",
+    "tests/test_claims_runtime.py",
+]
 CLAIM_STATEFUL = {
     "model": ["tests/test_claims_stateful.py::test_model_alone_keeps_the_claim_invariants"],
     "sqlite": ["tests/test_claims_stateful.py::test_sqlite_agrees_with_the_model"],

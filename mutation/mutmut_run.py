@@ -42,6 +42,7 @@ LINKS = {
     "reference": "reference",
     "adapters": "adapters",
     "mutation": "mutation",
+    "README.md": "README.md",
 }
 
 # The source roots of this checkout. The editable install's finder maps every import name onto the tree
