@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .errors import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
+from .errors import GuardRefused, IllegalMove, IntakeCode, IntakeError, Rejected, UnknownIntent
 from .records import (
     Approval,
     Claim,
@@ -268,7 +268,11 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
 
 def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
     if not isinstance(lease, ClaimLease):
-        raise IntakeError(f"expected a ClaimLease from reserve_claim(), got {type(lease).__name__}")
+        raise IntakeError(
+            f"expected a ClaimLease from reserve_claim(), got {type(lease).__name__}",
+            field="lease",
+            code=IntakeCode.WRONG_TYPE,
+        )
     return {
         "claim_token": check_text("claim owner token", lease.owner_token, max_chars=128),
         "claim_epoch": _epoch(lease.epoch),
@@ -279,8 +283,11 @@ def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
 
 
 def _epoch(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
-        raise IntakeError(f"a claim epoch must be a non-negative 64-bit integer, got {v!r}")
+    message = f"a claim epoch must be a non-negative 64-bit integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field="epoch", code=IntakeCode.NOT_INTEGER)
+    if not 0 <= v < 2**63:
+        raise IntakeError(message, field="epoch", code=IntakeCode.OUT_OF_RANGE, limit=0 if v < 0 else 2**63 - 1)
     return v
 
 
@@ -418,7 +425,9 @@ class ClaimOperations:
     def expire_approval(self, approval: Approval) -> Approval:
         """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. Seed 001."""
         if not isinstance(approval, Approval):
-            raise IntakeError(f"expected an Approval, got {type(approval).__name__}")
+            raise IntakeError(
+                f"expected an Approval, got {type(approval).__name__}", field="approval", code=IntakeCode.WRONG_TYPE
+            )
         return self._approval_move(
             "expire_approval", check_text("approval id", approval.approval_id, max_chars=128), {}
         )
@@ -541,8 +550,13 @@ def _reason(v: Any) -> str:
 def _version(v: Any) -> int | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
-        raise IntakeError(f"target_version must be a non-negative integer, got {v!r}")
+    message = f"target_version must be a non-negative integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field="target_version", code=IntakeCode.NOT_INTEGER)
+    if not 0 <= v < 2**62:
+        raise IntakeError(
+            message, field="target_version", code=IntakeCode.OUT_OF_RANGE, limit=0 if v < 0 else 2**62 - 1
+        )
     return v
 
 

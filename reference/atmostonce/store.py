@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from . import identity, observe
 from .claims import ClaimOperations, claim_args
-from .errors import GuardRefused, IntakeError, Rejected
+from .errors import GuardRefused, IntakeCode, IntakeError, Rejected
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -128,14 +128,19 @@ def _optional_text(name: str, v: Any) -> str | None:
 def _int(name: str, v: Any, optional: bool = False) -> int | None:
     if v is None and optional:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not -(2**63) <= v < 2**63:
-        raise IntakeError(f"{name} must be a 64-bit integer, got {v!r}")
+    message = f"{name} must be a 64-bit integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field=name, code=IntakeCode.NOT_INTEGER)
+    if not -(2**63) <= v < 2**63:
+        raise IntakeError(message, field=name, code=IntakeCode.OUT_OF_RANGE, limit=-(2**63) if v < 0 else 2**63 - 1)
     return v
 
 
 def _lease_args(lease: Lease) -> dict[str, Any]:
     if not isinstance(lease, Lease):
-        raise IntakeError(f"expected a Lease from begin(), got {type(lease).__name__}")
+        raise IntakeError(
+            f"expected a Lease from begin(), got {type(lease).__name__}", field="lease", code=IntakeCode.WRONG_TYPE
+        )
     return {
         "attempt_token": check_text("attempt token", lease.attempt_token, max_chars=128),
         "generation": _int("generation", lease.generation),
@@ -145,7 +150,9 @@ def _lease_args(lease: Lease) -> dict[str, Any]:
 
 def _plan_args(plan: Plan) -> dict[str, Any]:
     if not isinstance(plan, Plan):
-        raise IntakeError(f"expected a Plan (Intent.plan), got {type(plan).__name__}")
+        raise IntakeError(
+            f"expected a Plan (Intent.plan), got {type(plan).__name__}", field="plan", code=IntakeCode.WRONG_TYPE
+        )
     return {
         "plan_generation": _int("plan generation", plan.generation, optional=True),
         "plan_reconcile_count": _int("plan reconcile count", plan.reconcile_count),
@@ -730,8 +737,11 @@ class Operations(ClaimOperations):
 
 
 def _positive(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 10**9:
-        raise IntakeError(f"{name} must be a positive integer, got {v!r}")
+    message = f"{name} must be a positive integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field=name, code=IntakeCode.NOT_INTEGER)
+    if not 0 < v <= 10**9:
+        raise IntakeError(message, field=name, code=IntakeCode.OUT_OF_RANGE, limit=1 if v < 1 else 10**9)
     return v
 
 
@@ -762,7 +772,9 @@ def _operator(v: Any) -> str:
 
 def _stale_args(intent: Intent) -> dict[str, Any]:
     if not isinstance(intent, Intent):
-        raise IntakeError(f"expected an Intent snapshot, got {type(intent).__name__}")
+        raise IntakeError(
+            f"expected an Intent snapshot, got {type(intent).__name__}", field="intent", code=IntakeCode.WRONG_TYPE
+        )
     return {
         "attempt_token": None if intent.attempt_token is None else check_text("attempt token", intent.attempt_token),
         "generation": _int("generation", intent.generation, optional=True),
