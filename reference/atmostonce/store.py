@@ -276,7 +276,8 @@ class Operations(ClaimOperations):
         if not created and it.requires_approval != sub.requires_approval:
             raise IntakeError(
                 f"this delivery exists already with requires_approval={it.requires_approval}; "
-                "an approval requirement cannot be added to or dropped from an intent"
+                "an approval requirement cannot be added to or dropped from an intent",
+                field="requires_approval",
             )
         return it
 
@@ -286,7 +287,7 @@ class Operations(ClaimOperations):
         r = retraction_of(sub.request)
         mode = sub.action_kind[len(RETRACTION_PREFIX) :]
         if r is None or r["mode"] != mode:
-            raise IntakeError("a retract.* intent needs a request made by submit_retraction")
+            raise IntakeError("a retract.* intent needs a request made by submit_retraction", field="request")
         orig = self.find(r["retracts"])  # type: ignore[attr-defined]
         if (
             orig is None
@@ -296,9 +297,14 @@ class Operations(ClaimOperations):
             or orig.remote_id != r.get("remote_id")
             or (orig.account, orig.target) != (sub.account, sub.target)
         ):
-            raise IntakeError("a retraction must name a published intent of this account and target and its remote id")
+            raise IntakeError(
+                "a retraction must name a published intent of this account and target and its remote id",
+                field="retracts",
+            )
         if mode == "correct" and not isinstance(r.get("correction"), Mapping):
-            raise IntakeError("a correction needs a 'correction' object")
+            raise IntakeError(
+                "a correction needs a 'correction' object", field="correction", code=IntakeCode.NOT_OBJECT
+            )
 
     def submit_retraction(
         self, key: str, *, correction: Mapping[str, Any] | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -313,9 +319,13 @@ class Operations(ClaimOperations):
         """
         it = self.get(check_text("key", key, max_chars=256))  # type: ignore[attr-defined]
         if self.table.states[it.state].disposition != "done" or it.remote_id is None:
-            raise IntakeError(f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}")
+            raise IntakeError(
+                f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}", field="key"
+            )
         if it.action_kind.startswith(RETRACTION_PREFIX):
-            raise IntakeError("a retraction is not itself retracted; submit a correction of the original instead")
+            raise IntakeError(
+                "a retraction is not itself retracted; submit a correction of the original instead", field="key"
+            )
         mode = "delete" if correction is None else "correct"
         request: dict[str, Any] = {"retracts": it.key, "remote_id": it.remote_id, "mode": mode}
         if correction is not None:
@@ -323,7 +333,9 @@ class Operations(ClaimOperations):
             deletion = {"retracts": it.key, "remote_id": it.remote_id, "mode": "delete"}
             done = self.find(identity.delivery_key(it.account, RETRACTION_PREFIX + "delete", it.target, deletion))  # type: ignore[attr-defined]
             if done is not None and self.table.states[done.state].disposition == "done":
-                raise IntakeError(f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}")
+                raise IntakeError(
+                    f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}", field="correction"
+                )
         # a correction sends new bytes: it needs the same approval gate as the intent it corrects
         return self.submit(
             it.account,
@@ -345,11 +357,11 @@ class Operations(ClaimOperations):
         Raises ``IntakeError`` for bad input."""
         check_text("source id", source_id, max_chars=2048)
         if not isinstance(body, str):
-            raise IntakeError("body must be the source's visible text (str)")
+            raise IntakeError("body must be the source's visible text (str)", field="body", code=IntakeCode.NOT_STRING)
         try:
             version = identity.source_version(source_id, body)
         except identity.IdentityError as exc:
-            raise IntakeError(str(exc)) from exc
+            raise IntakeError(str(exc), field="body") from exc
         raw_hash = identity.raw_digest(raw) if isinstance(raw, (bytes, bytearray)) else None
         return self._store_capture(source_id, version, raw_hash)
 
@@ -662,7 +674,7 @@ class Operations(ClaimOperations):
         """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (seed 004 M2)."""
         who = _policy_operator(operator)
         if scope != "global" and not (isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8):
-            raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}")
+            raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}", field="scope")
         self._write_policy("kill_switches", check_text("scope", scope), bool(engaged), who)
 
     def _write_rate_limit(
