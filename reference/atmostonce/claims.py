@@ -384,7 +384,9 @@ class ClaimOperations:
         }
         intent = self.find(args["key"])  # type: ignore[attr-defined]
         if intent is not None and not intent.requires_approval:
-            raise IntakeError("this intent was submitted without an approval requirement: nothing to approve")
+            raise IntakeError(
+                "this intent was submitted without an approval requirement: nothing to approve", field="key"
+            )
         return self._approve(args)
 
     def reserve_claim(
@@ -409,7 +411,9 @@ class ClaimOperations:
         }
         intent = self.get(args["key"])  # type: ignore[attr-defined]
         if not intent.requires_approval:
-            raise IntakeError("this intent was submitted without an approval requirement: it takes no claim")
+            raise IntakeError(
+                "this intent was submitted without an approval requirement: it takes no claim", field="key"
+            )
         c = self._claim_move(RESERVE_OR_REPLACE, intent.target, args)
         assert c.owner_token is not None and c.lease_expires_at is not None and c.key is not None
         return ClaimLease(
