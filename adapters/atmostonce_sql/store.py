@@ -148,6 +148,7 @@ class SqlStore(SqlClaims, Operations):
         ha: str | None = None,
     ):
         self.engine = engine
+        self.core = self  # the store is its own StoreCore: Operations composes every operation over it
         self.async_outcomes = bool(async_outcomes)
         """PostgreSQL: the table's outcome moves (``Table.outcome_events``) commit with
         ``synchronous_commit = off``; the authorization before the bytes always waits for the disk."""
