@@ -263,3 +263,24 @@ def test_the_operations_define_no_primitive_for_a_store_to_override():
     # store override it by name again
     core = {n for n in vars(StoreCore) if not n.startswith("__") and callable(vars(StoreCore)[n])}
     assert sorted(core & (set(vars(Operations)) | set(vars(ClaimOperations)))) == []
+
+
+def test_the_operations_compose_over_a_core_object_they_do_not_inherit_from():
+    import dataclasses
+
+    import pytest
+
+    from atmostonce.errors import GuardRefused
+
+    model = MemoryStore()
+    ops = Operations(model, model.table)
+    it = ops.submit("acct", "post", "target", {"text": "hello"})
+    lease = ops.begin(it.key)
+    assert model.get(it.key).attempt_token == lease.attempt_token
+    # a stale writer is refused by the core's guard, and the refusal lands in the core's log
+    with pytest.raises(GuardRefused) as refused:
+        ops.authorize_dispatch(
+            dataclasses.replace(lease, attempt_token="forged-token"), request_digest=it.request_digest
+        )
+    assert refused.value.guard == "lease_holder"
+    assert [r.guard for r in model.refusals(it.key)] == ["lease_holder"]

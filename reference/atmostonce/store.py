@@ -180,6 +180,12 @@ class Operations(ClaimOperations):
     core: StoreCore
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
+    def __init__(self, core: StoreCore, table: Table, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES):
+        """The operations over ``core``, a separate object: ``Operations(core, table)`` is a working set of
+        every operation of :class:`~atmostonce.protocols.Store` whose moves, appends and policy writes are the
+        core's. The shipped stores do not call this: each is its own core (``self.core = self``)."""
+        self.core, self.table, self.max_payload_bytes = core, table, max_payload_bytes
+
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
         """Validate the key, then hand the move to the core's ``_apply``; a write refused by a
         fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (seed 003)."""
