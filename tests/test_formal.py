@@ -363,9 +363,42 @@ def test_trimmed_trail_keeps_the_events_and_ends_with_the_failed_assertion():
     ]
 
 
-def test_runtime_is_compared_loosely():
-    assert modelcheck.runtime_ok(150.0, 100.0)
-    assert not modelcheck.runtime_ok(400.0, 100.0)
+_SECTIONS = (
+    ("configurations", "configuration"),
+    ("coverage", "coverage"),
+    ("ablations", "ablation"),
+    ("partial_ablations", "partial"),
+    ("platform_ablations", "platform"),
+    ("broken", "broken"),
+    ("explorations", "exploration"),
+)
+
+
+def test_a_slow_run_with_the_recorded_state_counts_exits_0_with_a_warning(manifest, monkeypatch, capsys, tmp_path):
+    """Wall time never fails `make model-check`: every job reports exactly the manifest's counts and
+    outcomes, but each took ten times as long and the whole run far over the recorded runtime."""
+    slow = 10 * manifest["runtime_seconds"] + 600
+    outcomes = [
+        modelcheck.Outcome(kind, name, True, {**rec, "seconds": 10 * rec.get("seconds", 1.0)})
+        for section, kind in _SECTIONS
+        for name, rec in manifest[section].items()
+    ]
+    ticks = iter((0.0, slow))
+    monkeypatch.setattr(modelcheck, "_clock", lambda: next(ticks))
+    monkeypatch.setattr(modelcheck, "tools", lambda: {"spin": manifest["spin"], "gcc": "gcc"})
+    monkeypatch.setattr(modelcheck, "plan", lambda table, only=None, guards=None: [lambda wd, o=o: o for o in outcomes])
+    monkeypatch.setattr(modelcheck, "MANIFEST", SPEC / "modelcheck.json")
+
+    assert modelcheck.main(["--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert modelcheck.runtime_warning(slow, manifest["runtime_seconds"]) in out
+    assert "matches spec/modelcheck.json" in out
+    assert not [line for line in out if line.startswith(("BAD", "MANIFEST"))]
+
+
+def test_a_run_within_the_recorded_runtime_gives_no_warning(manifest):
+    assert modelcheck.runtime_warning(manifest["runtime_seconds"] * 2, manifest["runtime_seconds"]) is None
+    assert modelcheck.runtime_warning(10_000.0, None) is None
 
 
 def test_manifest_comparison_names_what_changed(manifest):
