@@ -1,4 +1,4 @@
-"""Run the Spin model check of the delivery-intent protocol (issue 10); see ``docs/formal.md``.
+"""Run the Spin model check of the delivery-intent protocol; see ``docs/formal.md``.
 
 ``python spec/modelcheck.py`` generates the model from ``spec/table.toml`` (it must equal the
 committed ``spec/atmostonce.pml``), runs ``spin -a``, compiles ``pan`` with gcc and runs it for:
@@ -61,20 +61,12 @@ def _load_promela():
 
 promela = _load_promela()
 
-# cpp flags per configuration of the one generated model
-CONFIGURATIONS: dict[str, tuple[str, ...]] = {
-    # two workers, sweeper, reconciler, operator (2 moves), clock, transport, platform
-    "main": (),
-    # plus another intent of the same account with the same text; one operator move
-    "text": ("-DOTHER_INTENT", "-DOPERATOR_MOVES=1"),
-    # plus one database backup and one restore from it (restore epoch, restore fence); one operator
-    # move besides the fence; sends beyond the request slots are not explored (a restore rewinds the
-    # attempt count, so the slot bound of the other configurations does not hold here)
-    "restore": ("-DRESTORES", "-DOPERATOR_MOVES=1", "-DCUT_AT_BOUND"),
-    # two approval-gated intents sharing one target: its claim row, approvals, the coupling of
-    # intent events to claim events (spec/claim.toml, spec/approval.toml, `couples` in the table)
-    "claims": ("-DCLAIMS",),
-}
+# cpp flags per configuration of the one generated model, in the order they run; each configuration is
+# a module of spec/promela_gen/configurations/ (its docstring says what it adds): main (two workers,
+# sweeper, reconciler, operator with 2 moves, clock, transport, platform), text (plus another intent of
+# the same account with the same text), restore (plus a database backup and a restore from it), claims
+# (two approval-gated intents sharing one target: its claim row, approvals, the couplings)
+CONFIGURATIONS: dict[str, tuple[str, ...]] = {c.NAME: tuple(c.FLAGS) for c in promela.CONFIGURATIONS}
 # ablations try the cheaper configurations first
 ABLATION_ORDER = ("text", "main", "restore")
 # guards that are always true without a restore (every lease, plan and attempt carries the one
