@@ -153,6 +153,7 @@ email: $(STAMP)
 	$(PYTEST) -q tests/email
 
 ## formal check: Spin model generated from spec/table.toml, one ablation per guard, the broken config (docs/formal.md)
+## (generator: spec/promela_gen/; the exit status is the results': a slow run only prints a warning)
 model-check: $(STAMP)
 	$(BIN)/python spec/promela.py --check
 	$(BIN)/python spec/modelcheck.py

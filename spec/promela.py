@@ -88,7 +88,6 @@ __all__ = [
     "CLAIM_PROPERTIES",
     "CONFIGURATIONS",
     "EFFECTS",
-    "GUARDS",
     "MODEL_PATH",
     "OUTCOME_CHECKS",
     "OUTCOME_EVIDENCE",
@@ -107,8 +106,6 @@ __all__ = [
 
 MODEL_PATH = HERE / "atmostonce.pml"
 TABLE_PATH = HERE / "table.toml"
-# the intent configurations' guard translations under their short name
-GUARDS = PROMELA_GUARDS
 
 
 def default_model(table: Table | None = None) -> str:

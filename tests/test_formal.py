@@ -1,4 +1,4 @@
-"""The Spin model is generated from the table, and the model check bites (issue 10, docs/formal.md).
+"""The Spin model is generated from the table, and the model check bites (docs/formal.md).
 
 Fast tests need no Spin: the committed model equals the generator's output for the current table,
 every name in the table has a translation (and a missing one fails loudly), the manifest accounts
@@ -34,6 +34,8 @@ def _load(name: str, path: Path):
 
 promela = _load("atmostonce_promela", SPEC / "promela.py")
 modelcheck = _load("atmostonce_modelcheck", SPEC / "modelcheck.py")
+# the Promela guard registry (spec/promela_gen/guards.py; loading spec/promela.py puts spec/ on the path)
+guard_registry = importlib.import_module("promela_gen.guards")
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +66,38 @@ def test_every_state_event_and_guard_of_the_table_is_in_the_model(table):
         if not ev.creates:
             assert f"inline ev_{ev.name}()" in text, ev.name
     for g in table.guards:
-        assert g in promela.GUARDS, g
+        assert g in guard_registry.PROMELA_GUARDS, g
     # every guard's expression appears in the enabling condition of every event that uses it
     for ev in table.events.values():
         body = text.split(f"inline ev_{ev.name}() {{")[1].split("->")[0] if not ev.creates else ""
         for g in ev.guards:
             binding = promela.ACTOR_ARGS[ev.actor]
-            assert "(" + promela.GUARDS[g].format_map(dict(binding)) + ")" in body, (ev.name, g)
+            assert "(" + guard_registry.PROMELA_GUARDS[g].format_map(dict(binding)) + ")" in body, (ev.name, g)
+
+
+def test_promela_guards_cover_exactly_the_catalogue(table):
+    """Every guard of spec/table.toml has one Promela translation in each configuration, and nothing else has."""
+    assert set(guard_registry.PROMELA_GUARDS) == set(table.guards)
+    assert set(guard_registry.CLAIMS_INTENT_GUARDS) == set(table.guards)
+
+
+def test_promela_claim_and_approval_guards_cover_exactly_the_machine_catalogues():
+    assert set(guard_registry.CLAIM_PROMELA_GUARDS) == set(machine("claim").guards)
+    assert set(guard_registry.APPROVAL_PROMELA_GUARDS) == set(machine("approval").guards)
+
+
+def test_each_configuration_module_carries_the_flags_the_manifest_was_checked_with(manifest):
+    assert [c.NAME for c in promela.CONFIGURATIONS] == list(manifest["configurations"])
+    for c in promela.CONFIGURATIONS:
+        assert manifest["configurations"][c.NAME]["flags"] == list(c.FLAGS), c.NAME
+
+
+def test_a_template_placeholder_without_a_value_fails_loudly():
+    base = importlib.import_module("promela_gen.base")
+    with pytest.raises(promela.GenerationError, match="left_open"):
+        base.render("restore", backup_decls="", take_backup="", do_restore="", clear_backup="")
+    with pytest.raises(promela.GenerationError, match="stray"):
+        base.render("text", stray="x")
 
 
 def _with_guard(table, name: str):
@@ -110,7 +137,7 @@ def test_an_ablation_removes_exactly_that_guard_from_the_conditions(table):
         users = [e for e in table.events.values() if g in e.guards]
         for ev in users:
             cond = ablated.split(f"inline ev_{ev.name}() {{")[1].split(" ->\n")[0]
-            expr = "(" + promela.GUARDS[g].format_map(dict(promela.ACTOR_ARGS[ev.actor])) + ")"
+            expr = "(" + guard_registry.PROMELA_GUARDS[g].format_map(dict(promela.ACTOR_ARGS[ev.actor])) + ")"
             assert expr not in cond, (g, ev.name)
     with pytest.raises(promela.GenerationError):
         promela.generate(table, drop_guard="no_such_guard")
@@ -238,7 +265,7 @@ def test_the_claims_configuration_is_checked_and_its_properties_are_caught(manif
 
 
 def test_the_restore_guards_are_caught_in_the_restore_configuration(table, manifest):
-    """Issue 10: the restore configuration is checked, and the guards that only matter after a
+    """The restore configuration is checked, and the guards that only matter after a
     restore are judged there (each without a counterexample in the model proper)."""
     assert manifest["configurations"]["restore"]["errors"] == 0
     assert "-DRESTORES" in manifest["configurations"]["restore"]["flags"]
