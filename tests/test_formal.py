@@ -2,7 +2,7 @@
 
 Fast tests need no Spin: the committed model equals the generator's output for the current table,
 every name in the table has a translation (and a missing one fails loudly), the manifest accounts
-for every guard, and the report parsers read real pan output. The ``slow`` tests run Spin: the
+for every guard, and the report parsers read real pan output. The ``spin`` tests run Spin (in `make model-check`): the
 model has no counterexample, one guard ablation and the broken configuration are caught.
 """
 
@@ -439,9 +439,13 @@ def test_manifest_comparison_names_what_changed(manifest):
 
 
 # ------------------------------------------------------------------------------ with Spin
-# the restore configuration's exhaustive search takes many minutes on its own: `make model-check`
-# (run by CI beside `make test`) checks it against the same manifest
+# These run Spin (marker ``spin``): `make model-check` runs them after spec/modelcheck.py, and `make test` leaves
+# them out. The ``exhaustive`` ones repeat a job of spec/modelcheck.py (a configuration's full search, one
+# ablation) against the same manifest, so `make model-check` skips them; `make formal-tests` runs every one. The
+# restore configuration's exhaustive search is left to spec/modelcheck.py alone.
 @pytest.mark.slow
+@pytest.mark.spin
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("name", [n for n in modelcheck.CONFIGURATIONS if n != "restore"])
 def test_model_check_finds_no_counterexample(table, manifest, tmp_path, name):
     """Each configuration but the restore one, exhaustively, with the state counts of the manifest."""
@@ -454,6 +458,7 @@ def test_model_check_finds_no_counterexample(table, manifest, tmp_path, name):
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 def test_every_event_fires_in_the_checked_model(table, manifest, tmp_path):
     out = modelcheck.job_coverage(table, tmp_path)
     assert out.ok, out.problems
@@ -477,6 +482,7 @@ STANDALONE = [
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 @pytest.mark.parametrize("inline", STANDALONE)
 def test_every_standalone_claim_and_approval_move_fires_in_the_claims_configuration(table, tmp_path, inline):
     """The same for the claim and approval moves no intent event carries: their successful branch is reached."""
@@ -491,6 +497,7 @@ def test_every_standalone_claim_and_approval_move_fires_in_the_claims_configurat
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 @pytest.mark.parametrize("event", COUPLED)
 def test_every_coupled_claim_move_fires_in_the_claims_configuration(table, tmp_path, event):
     """Vacuity for the claims configuration (it has no coverage run): for every intent event that
@@ -509,6 +516,8 @@ def test_every_coupled_claim_move_fires_in_the_claims_configuration(table, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.spin
+@pytest.mark.exhaustive
 def test_removing_the_lease_holder_guard_is_caught(table, manifest, tmp_path):
     out = modelcheck.job_ablation(table, "lease_holder", tmp_path)
     assert out.ok, out.problems
@@ -518,6 +527,8 @@ def test_removing_the_lease_holder_guard_is_caught(table, manifest, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.spin
+@pytest.mark.exhaustive
 def test_removing_the_restore_epoch_fence_is_caught_after_a_restore(table, manifest, tmp_path):
     out = modelcheck.job_ablation(table, "restore_epoch_current", tmp_path)
     assert out.ok, out.problems
@@ -526,6 +537,7 @@ def test_removing_the_restore_epoch_fence_is_caught_after_a_restore(table, manif
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 def test_the_broken_configuration_is_caught_with_a_duplicate(table, tmp_path):
     out = modelcheck.job_broken(table, tmp_path)
     assert out.ok, out.problems
