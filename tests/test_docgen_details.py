@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from atmostonce import docgen
-from atmostonce.docgen import GENERATED, lint_claims, main, render_state_machine
+from tools import docgen
+from tools.docgen import GENERATED, lint_claims, main, render_state_machine
 
 # A page and a doc with text outside ASCII: the spec's meanings are free text and may gain such characters.
 _NON_ASCII_PAGE = "# Zustände — état «parked»\n"
@@ -30,7 +30,7 @@ def test_help_names_the_module_command_and_describes_root(monkeypatch, capsys):
         main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: python -m atmostonce.docgen ")
+    assert out.startswith("usage: python -m tools.docgen ")
     assert re.search(r"^  --root ROOT +repository root holding docs/$", out, re.MULTILINE), out
 
 
@@ -39,7 +39,7 @@ def test_a_mode_is_required(capsys):
         main(["--root", "."])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: python -m atmostonce.docgen ")
+    assert err.startswith("usage: python -m tools.docgen ")
     assert "one of the arguments --write --check is required" in err
 
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from atmostonce.docgen import GENERATED, lint_claims, main, render_state_machine
 from atmostonce.table import table
+from tools.docgen import GENERATED, lint_claims, main, render_state_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 

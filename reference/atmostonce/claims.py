@@ -293,8 +293,16 @@ class ClaimOperations:
     """Public approval and claim operations shared by every store; subclasses provide the primitives."""
 
     table: Table
-    approval_table: Table = machine("approval")
-    claim_table: Table = machine("claim")
+
+    @property
+    def approval_table(self) -> Table:
+        """The approval machine (``spec/approval.toml``), read on first use, not at import."""
+        return machine("approval")
+
+    @property
+    def claim_table(self) -> Table:
+        """The per-target claim machine (``spec/claim.toml``), read on first use, not at import."""
+        return machine("claim")
 
     # -- primitives -------------------------------------------------------------------------
     def _approve(self, args: Mapping[str, Any]) -> Approval:  # pragma: no cover

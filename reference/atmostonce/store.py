@@ -779,10 +779,16 @@ class Store(Protocol):
     the public half of it over a store's primitives."""
 
     table: Table
-    approval_table: Table
-    """The approval machine (``spec/approval.toml``)."""
-    claim_table: Table
-    """The per-target claim machine (``spec/claim.toml``)."""
+
+    @property
+    def approval_table(self) -> Table:
+        """The approval machine (``spec/approval.toml``)."""
+        ...
+
+    @property
+    def claim_table(self) -> Table:
+        """The per-target claim machine (``spec/claim.toml``)."""
+        ...
 
     def submit(
         self,

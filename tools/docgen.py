@@ -1,6 +1,6 @@
 """Generate the docs' diagrams and tables from the transition table, and lint the docs' claims.
 
-``python -m atmostonce.docgen --write`` rewrites ``docs/state-machine.md``;
+``python -m tools.docgen --write`` rewrites ``docs/state-machine.md``;
 ``--check`` exits 1 if the committed file differs from what the table gives,
 or if any Markdown file under docs/ (or README.md) claims exactly-once
 delivery outside a sentence that denies it.
@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from .table import Table, table
+from atmostonce.table import Table, machine, table
 
 __all__ = ["GENERATED", "lint_claims", "render_state_machine"]
 
@@ -150,8 +150,6 @@ def _machine_tables(m: Table) -> list[str]:
 
 
 def _machines_section(t: Table) -> list[str]:
-    from .table import machine
-
     approval, claim = machine("approval"), machine("claim")
     rows = []
     for e in t.events.values():
@@ -207,7 +205,7 @@ def _docs_files(root: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m atmostonce.docgen")
+    ap = argparse.ArgumentParser(prog="python -m tools.docgen")
     ap.add_argument("--root", default=".", help="repository root holding docs/")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--write", action="store_true")
