@@ -37,6 +37,15 @@ def _mermaid(t: Table) -> str:
     return "\n".join(lines)
 
 
+_DESIGN_CITATION = re.compile(r"docs/design\.md#([\w-]+)")
+
+
+def _cite(source: str) -> str:
+    """A row's source with each citation of a design section (``docs/design.md#<anchor>``) as a link from the
+    generated page, which sits beside design.md."""
+    return _DESIGN_CITATION.sub(lambda m: f"[design.md#{m[1]}](design.md#{m[1]})", source)
+
+
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -64,7 +73,7 @@ def render_state_machine(t: Table | None = None) -> str:
                     "yes" if s.retryable else "no",
                     "yes" if s.terminal else "no",
                     s.meaning,
-                    s.seed,
+                    _cite(s.seed),
                 ]
                 for s in t.states.values()
             ],
@@ -83,7 +92,7 @@ def render_state_machine(t: Table | None = None) -> str:
                     f"`{e.target}`",
                     ", ".join(f"`{g}`" for g in e.guards) or "-",
                     ", ".join(e.effects) or "-",
-                    e.seed,
+                    _cite(e.seed),
                 ]
                 for e in t.events.values()
             ],
@@ -98,7 +107,7 @@ def render_state_machine(t: Table | None = None) -> str:
                     f"`{g.name}`" + (" (proof of absence)" if g.proof_of_absence else ""),
                     g.meaning,
                     ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards),
-                    g.seed,
+                    _cite(g.seed),
                 ]
                 for g in t.guards.values()
             ],
@@ -126,7 +135,7 @@ def _machine_tables(m: Table) -> list[str]:
         _mermaid(m),
         _md_table(
             ["state", "kind", "meaning", "source"],
-            [[f"`{s.name}`", s.kind, s.meaning, s.seed] for s in m.states.values()],
+            [[f"`{s.name}`", s.kind, s.meaning, _cite(s.seed)] for s in m.states.values()],
         ),
         _md_table(
             ["event", "actor", "from", "to", "guards (all must hold)", "effects", "source"],
@@ -138,14 +147,14 @@ def _machine_tables(m: Table) -> list[str]:
                     f"`{e.target}`",
                     ", ".join(f"`{g}`" for g in e.guards) or "-",
                     ", ".join(e.effects) or "-",
-                    e.seed,
+                    _cite(e.seed),
                 ]
                 for e in m.events.values()
             ],
         ),
         _md_table(
             ["guard", "meaning", "source"],
-            [[f"`{g.name}`", g.meaning, g.seed] for g in m.guards.values()],
+            [[f"`{g.name}`", g.meaning, _cite(g.seed)] for g in m.guards.values()],
         ),
     ]
 
@@ -168,7 +177,7 @@ def _machines_section(t: Table) -> list[str]:
         )
     return [
         "## Approvals and per-target dispatch claims",
-        "Read from `spec/approval.toml` and `spec/claim.toml` (seeds 001-003). They apply to intents submitted "
+        "Read from `spec/approval.toml` and `spec/claim.toml` ([the design](design.md#approvals-and-per-target-dispatch-claims)). They apply to intents submitted "
         "with `requires_approval=True`: parallel drafts per target stay allowed; dispatch is serialized by one "
         "claim row per target, and an intent move carries its claim's move (and the claim's approval move) in "
         "one transaction, or none of them happens.",
@@ -191,7 +200,7 @@ _DENIAL = re.compile(
 
 
 def lint_claims(text: str) -> list[str]:
-    """Sentences that mention exactly-once delivery without denying it (a docs lint, issue 2)."""
+    """Sentences that mention exactly-once delivery without denying it (a docs lint: docs/design.md#the-problem-and-the-promise)."""
     bad = []
     for sentence in re.split(r"(?<=[.!?])\s+|\n\s*\n", text):
         if _CLAIM.search(sentence) and not _DENIAL.search(sentence):
