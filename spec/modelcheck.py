@@ -1,4 +1,4 @@
-"""Run the Spin model check of the delivery-intent protocol (issue 10); see ``docs/formal.md``.
+"""Run the Spin model check of the delivery-intent protocol (docs/formal.md); see ``docs/formal.md``.
 
 ``python spec/modelcheck.py`` generates the model from ``spec/table.toml`` (it must equal the
 committed ``spec/atmostonce.pml``), runs ``spin -a``, compiles ``pan`` with gcc and runs it for:

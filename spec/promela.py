@@ -1,4 +1,4 @@
-"""Generate the Spin (Promela) model of the delivery-intent protocol from ``spec/table.toml`` (issue 10).
+"""Generate the Spin (Promela) model of the delivery-intent protocol from ``spec/table.toml`` (docs/formal.md).
 
 ``python spec/promela.py --write`` rewrites ``spec/atmostonce.pml``; ``--check`` exits 1 when the
 committed file differs from what the current table gives; ``--print`` writes it to stdout.
@@ -1060,7 +1060,7 @@ init {{
     return f"{head}#ifdef CLAIMS\n{claims}\n#else /* not CLAIMS: the intent configurations */\n\n{sep}{body}#endif\n"
 
 
-# ==================================================================================== claims (issue 5)
+# ==================================================================================== claims (docs/formal.md)
 # Configuration `claims` (-DCLAIMS): two approval-gated intents share one target. The target's
 # claim row (spec/claim.toml), the approvals (spec/approval.toml) and the coupling of intent events
 # to claim events (`couples` / `couples_required` in spec/table.toml) are generated from the data;

@@ -1,4 +1,4 @@
-"""The audit chain's row texts and the reconciliation rule, exactly (issue 8: mutmut survivors of
+"""The audit chain's row texts and the reconciliation rule, exactly (docs/mutmut.md: mutmut survivors of
 ``atmostonce.audit``, second round).
 
 Every dialect hashes a history row from the same field texts (integers in decimal, a missing

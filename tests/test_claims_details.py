@@ -1,4 +1,4 @@
-"""The fields every claim and approval read and refusal carries, exactly (issue 8: mutmut survivors of
+"""The fields every claim and approval read and refusal carries, exactly (docs/mutmut.md: mutmut survivors of
 ``atmostonce.claims``).
 
 What the approval and claim operations return is read field by field by the dispatcher, the CLI and an

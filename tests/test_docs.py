@@ -1,4 +1,4 @@
-"""Generated docs match the table; the docs never claim exactly-once delivery (issue 2)."""
+"""Generated docs match the table; the docs never claim exactly-once delivery (docs/design.md#one-table-read-by-everything)."""
 
 import shutil
 from pathlib import Path

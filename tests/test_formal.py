@@ -1,4 +1,4 @@
-"""The Spin model is generated from the table, and the model check bites (issue 10, docs/formal.md).
+"""The Spin model is generated from the table, and the model check bites (docs/formal.md).
 
 Fast tests need no Spin: the committed model equals the generator's output for the current table,
 every name in the table has a translation (and a missing one fails loudly), the manifest accounts
@@ -238,7 +238,7 @@ def test_the_claims_configuration_is_checked_and_its_properties_are_caught(manif
 
 
 def test_the_restore_guards_are_caught_in_the_restore_configuration(table, manifest):
-    """Issue 10: the restore configuration is checked, and the guards that only matter after a
+    """docs/formal.md: the restore configuration is checked, and the guards that only matter after a
     restore are judged there (each without a counterexample in the model proper)."""
     assert manifest["configurations"]["restore"]["errors"] == 0
     assert "-DRESTORES" in manifest["configurations"]["restore"]["flags"]

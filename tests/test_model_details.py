@@ -1,4 +1,4 @@
-"""The fields every read and every refusal carries, exactly (issue 8: mutmut survivors of ``atmostonce.model``).
+"""The fields every read and every refusal carries, exactly (docs/mutmut.md: mutmut survivors of ``atmostonce.model``).
 
 What a store returns is a contract the worker, the CLI and the audit read field by field: a refusal's
 event, key, guard and state; the recorded refusal row; each history row's actor, attempt token and

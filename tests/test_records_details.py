@@ -1,4 +1,4 @@
-"""The record value checks, exactly (issue 8: mutmut survivors of ``atmostonce.records``): each refusal
+"""The record value checks, exactly (docs/mutmut.md: mutmut survivors of ``atmostonce.records``): each refusal
 names the argument, and a size limit is checked at N and N+1."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The runtime's loops, counted exactly (issue 8: mutmut survivors of ``atmostonce.runtime``).
+"""The runtime's loops, counted exactly (docs/mutmut.md: mutmut survivors of ``atmostonce.runtime``).
 
 The worker loop is driven in the test's own thread (``Worker.run()``, not ``start()``) with a stop
 event that records every idle wait and stops after a given number of them, so a round that did work

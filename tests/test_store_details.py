@@ -1,4 +1,4 @@
-"""The shared store API's validation, refusals and results, exactly (issue 8: mutmut survivors of
+"""The shared store API's validation, refusals and results, exactly (docs/mutmut.md: mutmut survivors of
 ``atmostonce.store``).
 
 ``Operations`` is the code every store runs before its own ``_apply``: a refusal's message names the

@@ -1,4 +1,4 @@
-"""The shared store API's intake checks of leases, keys and dispatch arguments, exactly (issue 8: mutmut
+"""The shared store API's intake checks of leases, keys and dispatch arguments, exactly (docs/mutmut.md: mutmut
 survivors of ``atmostonce.store``, second round).
 
 A worker hands ``begin``'s :class:`~atmostonce.Lease` back to every later move; ``Operations`` checks it

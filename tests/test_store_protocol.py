@@ -1,4 +1,4 @@
-"""The ``Store`` protocol lists every store method a caller uses (issue 20): a third-party store written to the
+"""The ``Store`` protocol lists every store method a caller uses (docs/design.md#the-outbox-service): a third-party store written to the
 protocol must not fail at its first approval-gated dispatch because the runtime calls a method it never heard of.
 
 The test reads the sources (ast) of the runtime, the service (and its asyncio front), the CLI, the audit and the conformance machines
