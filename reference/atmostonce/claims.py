@@ -1,4 +1,4 @@
-"""Approvals bound to exact bytes and per-target dispatch claims (seeds 001, 002, 003).
+"""Approvals bound to exact bytes and per-target dispatch claims (docs/design.md#approvals-and-per-target-dispatch-claims).
 
 Two auxiliary machines sit beside the intent table: ``spec/approval.toml`` (one row per approval)
 and ``spec/claim.toml`` (one row per target). Their states, events and guards come from those
@@ -63,7 +63,7 @@ SETTLED_DISPOSITIONS = ("done", "retryable")
 """Intent dispositions that settle a send: the object exists (done) or proof nothing was sent (retryable)."""
 
 CLAIM_FENCING_GUARDS = ("claim_owner", "bound_to_intent", "source_state")
-"""Refusals recorded with who presented what (seed 003) when the caller presented a claim lease: a stale
+"""Refusals recorded with who presented what (docs/design.md#refusals-are-recorded) when the caller presented a claim lease: a stale
 epoch or token, a claim bound to another intent, or a claim that has moved past where the lease was valid."""
 
 
@@ -81,7 +81,7 @@ def pick_reserve_event(t: Table, state: str | None) -> str:
 
 
 def claim_refusal_recorded(exc: Rejected, args: Mapping[str, Any]) -> bool:
-    """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (seed 003)."""
+    """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (docs/design.md#refusals-are-recorded)."""
     return bool(args.get("claim_token")) and exc.guard in CLAIM_FENCING_GUARDS
 
 
@@ -304,8 +304,16 @@ class ClaimOperations:
 
     table: Table
     core: StoreCore
-    approval_table: Table = machine("approval")
-    claim_table: Table = machine("claim")
+
+    @property
+    def approval_table(self) -> Table:
+        """The approval machine (``spec/approval.toml``), read on first use, not at import."""
+        return machine("approval")
+
+    @property
+    def claim_table(self) -> Table:
+        """The per-target claim machine (``spec/claim.toml``), read on first use, not at import."""
+        return machine("claim")
 
     def claim_log(self, target: str) -> list[ClaimEntry | Refusal]:
         """The target's whole claim log in store sequence order: every move of its claim and of the
@@ -378,7 +386,7 @@ class ClaimOperations:
         Raises ``GuardRefused`` naming the refusing claim guard (``approval_usable``,
         ``approval_binds_request`` for other bytes, ``approval_for_intent`` for an approval of another
         intent, even one with the same bytes, ``target_version_current``, ``intent_queued``,
-        ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. Seed 002.
+        ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. docs/design.md#approvals-and-per-target-dispatch-claims.
         """
         args: dict[str, Any] = {
             "key": check_text("key", key, max_chars=256),
@@ -401,12 +409,12 @@ class ClaimOperations:
 
     def release_claim(self, lease: ClaimLease) -> Claim:
         """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
-        epoch or token, refused (``IllegalMove``) once sending began. Seed 002, 003."""
+        epoch or token, refused (``IllegalMove``) once sending began. docs/design.md#approvals-and-per-target-dispatch-claims, docs/design.md#refusals-are-recorded."""
         args = _claim_lease_args(lease)  # checks the type first
         return self.core._claim_move("release", check_text("target", lease.target, max_chars=1024), args)
 
     def expire_approval(self, approval: Approval) -> Approval:
-        """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. Seed 001."""
+        """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. docs/design.md#approvals-and-per-target-dispatch-claims."""
         if not isinstance(approval, Approval):
             raise IntakeError(
                 f"expected an Approval, got {type(approval).__name__}", field="approval", code=IntakeCode.WRONG_TYPE

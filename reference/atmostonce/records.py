@@ -60,7 +60,7 @@ DEFAULT_MAX_RECONCILES = 3
 
 @dataclass(frozen=True)
 class Intent:
-    """One delivery intent: the row whose state moves; its key never changes (seed 004, "Two rows")."""
+    """One delivery intent: the row whose state moves; its key never changes (docs/design.md#two-rows-intents-and-attempts)."""
 
     key: DeliveryKey
     account: str
@@ -163,7 +163,7 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class Reconciliation:
-    """One append-only reconciliation record of an external send (seed 003): ``unknown`` when the
+    """One append-only reconciliation record of an external send (docs/design.md#reconciliation-records): ``unknown`` when the
     send's outcome became unknown, then one row per lookup or resolution, moving to ``confirmed`` or
     ``failed`` only on evidence. ``send_seq`` is the history ``seq`` of the move that made the send's
     outcome unknown (the join key to the audit); the current result of a send is its newest row.
@@ -197,7 +197,7 @@ class PolicyChange:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refused stale write, recorded (seed 003): what was presented, what was current, and the
+    """A refused stale write, recorded (docs/design.md#refusals-are-recorded): what was presented, what was current, and the
     sequence of the last history event before the refusal (the one that superseded the presenter).
     ``key``: the intent's delivery key, or ``claim:<target>`` for a refused claim write."""
 
@@ -272,7 +272,7 @@ class Submission:
 
 @dataclass(frozen=True)
 class Approval:
-    """An approval of one intent's exact bytes (seed 001): the request digest, account, target and the
+    """An approval of one intent's exact bytes (docs/design.md#approvals-and-per-target-dispatch-claims): the request digest, account, target and the
     target version it was drafted against, who approved, and until when (database clock, seconds)."""
 
     approval_id: str
@@ -306,7 +306,7 @@ class OperatorKey:
 
 @dataclass(frozen=True)
 class Claim:
-    """The dispatch claim of one target (seed 002): its state, epoch (fencing token), owner, the intent and
+    """The dispatch claim of one target (docs/design.md#approvals-and-per-target-dispatch-claims): its state, epoch (fencing token), owner, the intent and
     approval it is bound to, the lease deadline, and the target's version (publication bumps it)."""
 
     target: str

@@ -4,7 +4,7 @@ Every transition method maps to one table event and is carried out by the store'
 (:class:`~atmostonce.protocols.StoreCore`): ``core._apply(event, key, args)`` looks the event up in the
 table, checks the source state and the event's named guards, and either makes the move atomically or
 raises a :class:`~atmostonce.errors.Rejected` naming what refused, leaving everything unchanged
-(docs/design.md, "The state machine").
+(docs/design.md#one-table-read-by-everything).
 
 :class:`Operations` gives every implementation the same public signatures and the same input checks, so
 the model and the stores cannot drift in what they accept. What each caller needs of a store is one of
@@ -195,7 +195,7 @@ class Operations(ClaimOperations):
 
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
         """Validate the key, then hand the move to the core's ``_apply``; a write refused by a
-        fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (seed 003)."""
+        fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (docs/design.md#refusals-are-recorded)."""
         key = check_text("key", key, max_chars=256)
         try:
             it = self.core._apply(event, key, args)
@@ -259,7 +259,7 @@ class Operations(ClaimOperations):
         """Create the intent for this delivery, or return the existing one with the same key.
 
         ``requires_approval=True``: the intent is dispatched only under an approval of its exact bytes
-        and its target's dispatch claim (:meth:`approve`, :meth:`reserve_claim`; seeds 001-002).
+        and its target's dispatch claim (:meth:`approve`, :meth:`reserve_claim`; docs/design.md#approvals-and-per-target-dispatch-claims).
 
         ``source`` is ``(source_id, version)`` when the intent rests on a captured source version
         (see :meth:`capture_source`); it is then skipped before any spend, and refused at publish
@@ -320,7 +320,7 @@ class Operations(ClaimOperations):
         self, key: str, *, correction: Mapping[str, Any] | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS
     ) -> Intent:
         """A retraction of published intent ``key``: its own delivery intent against the recorded remote
-        object id (seed 001: local status never undoes a remote effect). Without ``correction`` it
+        object id (docs/design.md#approvals-and-per-target-dispatch-claims: local status never undoes a remote effect). Without ``correction`` it
         deletes the object; with it, it replaces the object's body by ``correction`` (a JSON object).
         It is dispatched, read back and reconciled like any intent: a deletion is confirmed when
         read-back finds no object, a correction when the object equals the corrected body. The
@@ -356,7 +356,7 @@ class Operations(ClaimOperations):
             requires_approval=it.requires_approval,
         )
 
-    # -- sources (seed 004, "Recovery is the dangerous half") -----------------------------------
+    # -- sources (docs/design.md#sources-and-the-freshness-fence) -----------------------------------
     def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture:
         """Record a fetch of a source. A new version is stored only when the normalized visible body
         changed; ``supersedes`` is whatever head the store holds (never a computed predecessor), so a
@@ -395,14 +395,14 @@ class Operations(ClaimOperations):
         contract_version: str | None = None,
         claim: ClaimLease | None = None,
     ) -> Intent:
-        """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends.
+        """The last checkpoint before bytes (docs/design.md#the-gate-is-the-conditional-write): one conditional write, or nothing sends.
 
         Re-checks, in that one write, everything checked earlier: the lease (token, generation,
         restore epoch, deadline), the exact request digest, the kill switches, the account's
         credential version, the platform contract version, and the duplicate-text window; for an
         approval-gated intent also, in the same atomic step, the target claim ``claim`` (owner token,
         epoch, lease), its approval (live, binding this digest, account and target) and the target
-        version, which it bumps (seed 001); when the account requires signed approvals, the approval's
+        version, which it bumps (docs/design.md#approvals-and-per-target-dispatch-claims); when the account requires signed approvals, the approval's
         Ed25519 signature by its approver's registered key (``approval_signature_verified``,
         docs/design.md#signed-approvals). Raises ``GuardRefused`` naming the first condition that failed;
         ``IntakeError`` for bad input.
@@ -665,7 +665,7 @@ class Operations(ClaimOperations):
     # where only a person acts (kill switch, text window) and optional (``None``: a program named no one)
     # on the setters programs and test harnesses call; the CLI and the console always pass one.
     def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None:
-        """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (seed 004 M2)."""
+        """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (docs/design.md#the-gate-is-the-conditional-write)."""
         who = _policy_operator(operator)
         if scope != "global" and not (isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8):
             raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}", field="scope")
@@ -678,7 +678,7 @@ class Operations(ClaimOperations):
         clock; a fixed window that starts at its first send); ``None`` removes the limit. Every path that
         sends reads it: the worker before it begins, the before-byte gate (``rate_limit_clear``) in its one
         conditional write, so a raised cap releases a backlog at the configured rate, not at once
-        (seed 004, "Recovery"). Changing the limit keeps the current window's count. Raises ``IntakeError``."""
+        (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract). Changing the limit keeps the current window's count. Raises ``IntakeError``."""
         check_text("account", account)
         who = _optional_operator(operator)
         if max_sends is not None:
@@ -709,7 +709,7 @@ class Operations(ClaimOperations):
         """After restoring the database from a backup: move every store sequence past the data it
         holds, bump the restore epoch, so every lease issued before is fenced off, and move every intent
         that may have been sent after the backup (queued, in flight, failed) to ``indeterminate`` for
-        reconciliation (seed 004 M5), all in one transaction: all of it or none (docs/design.md,
+        reconciliation (docs/design.md#fencing-that-survives-a-restore), all in one transaction: all of it or none (docs/design.md,
         "Declaring a restore is atomic").
 
         Returns ``(new epoch, intents fenced)``. Raises ``IntakeError`` without a named operator,
