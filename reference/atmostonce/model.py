@@ -4,10 +4,8 @@ No I/O. The clock is injected (``clock() -> float`` seconds) and stands for the
 database clock. Every move looks the event up in the table, checks the source
 state, evaluates the table's named guards in order, and only then changes
 anything; a refused move raises :class:`~atmostonce.errors.Rejected` and leaves
-the model exactly as it was (h11-style). The per-intent state is held by a
-``transitions`` machine built from the table's events; its own condition
-mechanism is not used (it fails silently with ``False``), and ``to_<state>``
-shortcuts are disabled.
+the model exactly as it was (h11-style). The state is a column of the intent's
+row, moved by the same write as every other column (docs/design.md#the-model).
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
-
-from transitions import Machine
 
 from .audit import (
     INTENT_BOUND_FIELDS,
@@ -94,29 +90,6 @@ _Append = tuple[_AppendTarget, Any]
 """One deferred write of an effect: ``target.append(item)`` once every check passed."""
 
 
-class _Cell:
-    """What the ``transitions`` machine moves: one intent's state."""
-
-    def __init__(self, state: str):
-        self.state = state
-
-
-def _build_machine(t: Table) -> Machine:
-    transitions = [
-        {"trigger": ev.name, "source": list(ev.sources), "dest": ev.target}
-        for ev in t.events.values()
-        if not ev.creates
-    ]
-    return Machine(
-        model=None,
-        states=list(t.states),
-        transitions=transitions,
-        initial=t.initial,
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-    )
-
-
 def _chain_fields(h: HistoryEntry) -> tuple[Any, ...]:
     """A history row's fields in ``atmostonce.audit.HISTORY_FIELDS`` order, detail in the model's text form."""
     return (
@@ -152,7 +125,6 @@ class MemoryStore(MemoryClaims, Operations):
         """The duplicate-text window until one is stored (``set_text_window``)."""
         self._clock = clock or time.time
         self._lock = threading.RLock()
-        self._machine = _build_machine(self.table)
         self._disabled_guards: frozenset[str] = frozenset()
         self.reset()
 
@@ -161,7 +133,6 @@ class MemoryStore(MemoryClaims, Operations):
         """Forget everything (the stateful suite's ``@initialize``)."""
         with getattr(self, "_lock", threading.RLock()):
             self._rows: dict[str, dict[str, Any]] = {}
-            self._cells: dict[str, _Cell] = {}
             self._attempts: list[dict[str, Any]] = []
             self._attempt_outcomes: list[tuple[int, str, str]] = []
             self._history: list[HistoryEntry] = []
@@ -232,10 +203,7 @@ class MemoryStore(MemoryClaims, Operations):
                 "source_version": sub.source_version,
                 "requires_approval": sub.requires_approval,
             }
-            cell = _Cell(self.table.initial)
-            self._machine.add_model(cell, initial=self.table.initial)
             self._rows[sub.key] = row
-            self._cells[sub.key] = cell
             creator = next(e for e in self.table.events.values() if e.creates)
             self._append_history(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
             return self._intent(row), True
@@ -270,10 +238,6 @@ class MemoryStore(MemoryClaims, Operations):
             # the row exists under ``key``, so it is a delivery key
             entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)  # type: ignore[arg-type]
             rec = self._reconciliation(key, event, new, args, entry.seq, now)  # type: ignore[arg-type]
-            cell = self._cells[key]
-            if not getattr(cell, event)():  # pragma: no cover - guards were checked above
-                raise StoreError(f"transitions refused {event} from {row['state']}")
-            assert cell.state == ev.target
             self._rows[key] = new
             for target, item in appends:
                 target.append(item)
@@ -283,7 +247,7 @@ class MemoryStore(MemoryClaims, Operations):
             self._commit_coupled(coupled, now)
             return self._intent(new)
 
-    _NOT_DATA = frozenset({"_lock", "_machine", "table", "_clock", "_cells", "_generation", "_seq"})
+    _NOT_DATA = frozenset({"_lock", "table", "_clock", "_generation", "_seq"})
 
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves as one transaction: on a refusal, everything the earlier moves wrote is put
@@ -291,18 +255,12 @@ class MemoryStore(MemoryClaims, Operations):
         transaction leaves a gap)."""
         with self._lock:
             saved = copy.deepcopy({k: v for k, v in vars(self).items() if k not in self._NOT_DATA})
-            cells = {k: c.state for k, c in self._cells.items()}
             out: list[Intent] = []
             try:
                 for event, args in steps:
                     out.append(self._apply(event, key, step_args(args, out[-1] if out else None)))
             except BaseException:
                 vars(self).update(saved)
-                for k in list(self._cells):
-                    if k not in cells:
-                        del self._cells[k]
-                    else:
-                        self._cells[k].state = cells[k]
                 raise
             return out
 
