@@ -154,7 +154,7 @@ class MemoryStore(MemoryClaims, Operations):
             self._refusals: list[Refusal] = []
             self._evidence: list[Evidence] = []
             self.source_heads: dict[str, str] = {}
-            self._source_versions: dict[str, dict[str, Any]] = {}
+            self._source_versions: set[str] = set()  # every version captured (only membership is read)
             self._reset_claims()
 
     def close(self) -> None:
@@ -506,8 +506,7 @@ class MemoryStore(MemoryClaims, Operations):
             if head == version:
                 return SourceCapture(source_id, version, False, None, raw_hash)
             new = version not in self._source_versions
-            if new:
-                self._source_versions[version] = {"source_id": source_id, "supersedes": head, "raw_hash": raw_hash}
+            self._source_versions.add(version)
             self.source_heads[source_id] = version
             return SourceCapture(source_id, version, new, head, raw_hash)
 
