@@ -217,11 +217,9 @@ class MemoryStore(MemoryClaims, Operations):
             if row["state"] not in ev.sources:
                 raise IllegalMove(event, key, "source_state", row["state"])
             now = self.now()
-            for g in ev.guards:
-                if g in self._disabled_guards:
-                    continue
-                if not GUARDS[g](row, args, now, self):
-                    raise GuardRefused(event, key, g, row["state"])
+            refused = self._refusing_guard(row, args, now, ev.guards)
+            if refused is not None:
+                raise GuardRefused(event, key, refused, row["state"])
             # compute everything first; commit only when nothing else can fail
             new = copy.deepcopy(row)
             appends: list[_Append] = []
@@ -246,6 +244,25 @@ class MemoryStore(MemoryClaims, Operations):
                 self._reconciliations.append(rec)
             self._commit_coupled(coupled, now)
             return self._intent(new)
+
+    def _refusing_guard(
+        self, row: Mapping[str, Any], args: Mapping[str, Any], now: float, guards: tuple[str, ...]
+    ) -> str | None:
+        """The first of ``guards`` whose predicate refuses (the registry ``atmostonce.guards.GUARDS``)."""
+        for g in guards:
+            if g not in self._disabled_guards and not GUARDS[g](row, args, now, self):
+                return g
+        return None
+
+    def _check(self, event: str, key: str, args: Mapping[str, Any], guards: tuple[str, ...]) -> str | None:
+        ev = self.table.event(event)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                raise UnknownIntent(event, key, "intent_exists", None)
+            if row["state"] not in ev.sources:
+                return "source_state"
+            return self._refusing_guard(row, args, self.now(), guards)
 
     _NOT_DATA = frozenset({"_lock", "table", "_clock", "_generation", "_seq"})
 
@@ -581,8 +598,10 @@ class MemoryStore(MemoryClaims, Operations):
             return any(r["account"] == account for r in self._rows.values())
 
     def kill_switch_engaged(self, account: str) -> bool:
+        from .guards import kill_switch_off
+
         with self._lock:
-            return bool(self.kill_switches.get("global") or self.kill_switches.get(f"account:{account}"))
+            return not kill_switch_off({"account": account}, {}, self.now(), self)
 
     def current_epoch(self) -> int:
         return self.epoch

@@ -12,7 +12,7 @@ the model and the stores cannot drift in what they accept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from . import identity, observe
@@ -165,6 +165,34 @@ class Operations(ClaimOperations):
 
     def _create(self, sub: Submission) -> tuple[Intent, bool]:  # pragma: no cover
         raise NotImplementedError
+
+    def _check(
+        self, event: str, key: str, args: Mapping[str, Any], guards: tuple[str, ...]
+    ) -> str | None:  # pragma: no cover
+        """What :meth:`check` asks of the store: ``event``'s source state, then ``guards`` (in that order),
+        evaluated on the current row through the same guard registry the move uses, writing nothing."""
+        raise NotImplementedError
+
+    def check(
+        self, event: str, key: str, args: Mapping[str, Any] | None = None, *, guards: Sequence[str] | None = None
+    ) -> str | None:
+        """Evaluate, without writing, what the move ``event`` of intent ``key`` checks: its source state,
+        then its guards (or only ``guards``, some of the event's, in the order given) against ``args``,
+        the arguments the move would present, with the same predicates (model) or SQL fragments (SQL
+        stores) the move's conditional write uses. Returns the name of the first that refuses
+        (``source_state`` for the state), or ``None`` when the move's checks pass now; a later move may
+        still be refused, since the row can change in between (docs/design.md#the-gate-is-the-conditional-write).
+        Raises ``UnknownIntent`` for a key with no intent and ``IntakeError`` for an event the table does
+        not have or a guard that is not one of the event's."""
+        key = check_text("key", key, max_chars=256)
+        if event not in self.table.events or self.table.events[event].creates:
+            raise IntakeError(f"{event!r} is not a move of the table")
+        ev = self.table.events[event]
+        chosen = ev.guards if guards is None else tuple(guards)
+        stray = [g for g in chosen if g not in ev.guards]
+        if stray:
+            raise IntakeError(f"{stray} are not guards of {event}; it checks {list(ev.guards)}")
+        return self._check(event, key, dict(args or {}), chosen)
 
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
         """Validate the key, then hand the move to the store's ``_apply``; a write refused by a
@@ -913,6 +941,9 @@ class Store(Protocol):
     def evidence(self, key: str) -> list[Evidence]: ...
     def due_leases(self, limit: int = 100) -> list[Intent]: ...
     def claimable(self, limit: int = 100) -> list[str]: ...
+    def check(
+        self, event: str, key: str, args: Mapping[str, Any] | None = None, *, guards: Sequence[str] | None = None
+    ) -> str | None: ...
     def kill_switch_engaged(self, account: str) -> bool: ...
     def rate_limited(self, account: str) -> bool: ...
     def set_rate_limit(
