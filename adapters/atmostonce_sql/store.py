@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from types import SimpleNamespace
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
