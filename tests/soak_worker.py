@@ -51,7 +51,6 @@ def write_profile(path: Path, sink_url: str) -> Path:
         base_url=sink_url,
         key_field="/delivery_key",
         lookup_fenced=True,
-        idempotent_resend=False,
         connect_timeout=2.0,
         write_timeout=2.0,
         read_timeout=0.8,

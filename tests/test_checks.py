@@ -298,12 +298,14 @@ def test_a_waiting_refusal_must_leave_the_intent_queued_and_move_nothing():
     outcomes["gate.rate_limited"] = dataclasses.replace(outcomes["gate.rate_limited"], state="failed")
     elsewhere = dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
     assert refusals_that_wait_leave_the_intent_queued(elsewhere) == [
-        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'"
+        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'",
+        "guard rate_limit_clear: before-begin outcome gate.rate_limited does not leave the intent queued in 'pending'",
     ]
     outcomes["gate.rate_limited"] = dataclasses.replace(t.outcomes["gate.rate_limited"], event="retry")
     moving = dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
     assert refusals_that_wait_leave_the_intent_queued(moving) == [
-        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'"
+        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'",
+        "guard rate_limit_clear: before-begin outcome gate.rate_limited does not leave the intent queued in 'pending'",
     ]
 
 
@@ -312,4 +314,11 @@ def test_a_policy_gate_cannot_also_wait():
     assert t.waiting_guards["kill_switch_off"] == "gate.rate_limited"
     assert refusals_that_wait_leave_the_intent_queued(t) == [
         "guard kill_switch_off: a policy gate's refusal parks the intent; it cannot also be a wait"
+    ]
+
+
+def test_a_before_begin_outcome_must_name_a_declared_outcome():
+    t = with_guard(table(), "kill_switch_off", before_begin="gate.no_such")
+    assert refusals_that_wait_leave_the_intent_queued(t) == [
+        "guard kill_switch_off: before-begin outcome 'gate.no_such' is not declared"
     ]

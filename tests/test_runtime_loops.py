@@ -433,7 +433,7 @@ def test_a_dispatch_passes_its_account_lease_lengths_contract_and_response_diges
     spy, asked = Spy(base), []
     d = dispatch_with(spy, credential_version=lambda account: asked.append(account) or "cred-2")
     assert d.dispatch(it.key) == "read_back.match"
-    assert spy.args("kill_switch_engaged") == [("acct-9",)]
+    assert spy.args("check") == [("authorize_dispatch", it.key)]
     assert asked == ["acct-9"]
     assert spy.kw("begin") == [{"lease_seconds": 10}]
     (auth,) = spy.kw("authorize_dispatch")

@@ -79,7 +79,10 @@ NOT_PROTOCOL = {
 # members of a role's protocol that no shipped caller of that role takes, only the conformance machines, which
 # drive every role: what an application's own code calls there (with why it belongs to that role)
 MACHINES_ONLY: dict[type, dict[str, str]] = {
-    IntakeStore: {"capture_source": "an application captures a source before it submits an intent resting on it"},
+    IntakeStore: {
+        "capture_source": "an application captures a source before it submits an intent resting on it",
+        "source_head": "the version of a source captured last, which a new intent on it rests on",
+    },
     OperatorStore: {
         "approval": "one approval by id, as the claim log names it",
         "claim_history": "the claim's own moves, without the refusals claim_log interleaves",

@@ -10,12 +10,9 @@ reached to the second) or its ``reset`` use the model alone.
 from __future__ import annotations
 
 import pytest
-from transitions import MachineError
 
 from atmostonce import GuardRefused, IntakeCode, IntakeError, MemoryStore, UnknownIntent
 from atmostonce.identity import raw_digest
-from atmostonce.model import _build_machine, _Cell
-from atmostonce.table import table
 from atmostonce.testing.stateful import FakeClock
 
 MISSING = "f" * 64
@@ -367,17 +364,3 @@ def test_reset_forgets_everything_and_numbers_from_one_again(clocked):
     lease = s.begin(again.key)
     assert [h.seq for h in s.history(again.key)] == [1, 2]
     assert (lease.generation, lease.epoch) == (1, 1)
-
-
-# ---------------------------------------------------------------- the transitions machine
-def test_the_machine_is_built_from_the_table_with_no_shortcuts_and_no_silent_refusals():
-    t = table()
-    m = _build_machine(t)
-    assert m.models == []  # the machine moves only the intents' cells, never itself
-    cell = _Cell("unset")
-    m.add_model(cell)
-    assert cell.state == t.initial
-    assert not any(hasattr(cell, f"to_{state}") for state in t.states)
-    with pytest.raises(MachineError):
-        cell.retry()  # retry is a move from failed only: an invalid trigger raises, never returns False
-    assert cell.begin() and cell.state == "pending"

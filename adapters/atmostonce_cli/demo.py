@@ -135,7 +135,6 @@ def run_demo(
             sink.url,
             key_field="/delivery_key",
             lookup_fenced=True,
-            idempotent_resend=False,
             connect_timeout=2.0,
             write_timeout=2.0,
             read_timeout=0.8,

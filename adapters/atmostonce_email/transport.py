@@ -152,7 +152,7 @@ class EmailPlatformConfig:
     @property
     def capabilities(self) -> Capabilities:
         # lookup_by_key but never fenced: a queued message is not in the mailbox yet (module docstring)
-        return Capabilities(read_back=True, lookup_by_key=True, idempotent_resend=False, fenced_lookup=False)
+        return Capabilities(read_back=True, lookup_by_key=True, fenced_lookup=False)
 
 
 class _Failed(Exception):

@@ -97,8 +97,6 @@ class FunctionTransport:
         extra_rows: Iterable[Mapping[str, Any]] = (),
         table: ExceptionTable | None = None,
         lookup_fenced: bool = False,
-        idempotent_resend: bool = False,
-        resend_window_seconds: float | None = None,
         retract: bool = False,
         close: Callable[[], None] | None = None,
     ):
@@ -121,9 +119,7 @@ class FunctionTransport:
         self.capabilities = Capabilities(
             read_back=read_back is not None,
             lookup_by_key=lookup is not None,
-            idempotent_resend=idempotent_resend,
             fenced_lookup=lookup_fenced,
-            resend_window_seconds=resend_window_seconds,
             retract=retract,
         )
 

@@ -81,9 +81,7 @@ def _check_header(name: Any, value: Any) -> None:
         raise ValueError(f"invalid value for header {name!r}")
 
 
-def _seconds(name: str, value: Any, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
+def _seconds(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
@@ -151,8 +149,6 @@ class HttpPlatformConfig:
       any create with that key older than R (``Capabilities.fenced_lookup`` states the contract). A
       lookup that fences only the requests that had already arrived does not qualify: a request still
       in the network would land after the answer (docs/design.md, "A fence is a tombstone").
-    * ``idempotent_resend``: the platform dedupes a resend with the same key (within
-      ``resend_window_seconds``, ``None``: unbounded).
     * ``headers``: static extra headers as ``(name, value)`` pairs; ``verify`` / ``ca_file``: TLS checking;
       ``trust_env``: honour proxy environment variables (off: a proxy would blur the classification);
       ``max_connections``: concurrent sends.
@@ -181,8 +177,6 @@ class HttpPlatformConfig:
     write_timeout: float = 10.0
     read_timeout: float = 30.0
     lookup_fenced: bool = False
-    idempotent_resend: bool = False
-    resend_window_seconds: float | None = None
     headers: tuple[tuple[str, str], ...] = ()
     verify: bool = True
     ca_file: str | None = None
@@ -229,7 +223,6 @@ class HttpPlatformConfig:
         object.__setattr__(self, "may_exist_statuses", statuses)
         for name in ("connect_timeout", "write_timeout", "read_timeout"):
             _seconds(name, getattr(self, name))
-        _seconds("resend_window_seconds", self.resend_window_seconds, optional=True)
         if self.lookup_fenced and self.lookup_path is None:
             raise ValueError("lookup_fenced needs a lookup_path")
         pairs = tuple(tuple(p) for p in self.headers)
@@ -286,9 +279,7 @@ class HttpPlatformConfig:
         return Capabilities(
             read_back=self.read_back_path is not None,
             lookup_by_key=self.lookup_path is not None,
-            idempotent_resend=self.idempotent_resend,
             fenced_lookup=self.lookup_fenced and self.lookup_path is not None,
-            resend_window_seconds=self.resend_window_seconds,
             retract=self.delete_path is not None or self.update_path is not None,
         )
 
@@ -297,7 +288,7 @@ def sink_config(base_url: str, **overrides: Any) -> HttpPlatformConfig:
     """Config for :class:`atmostonce_http.sink.PlatformSink` at ``base_url``: the shipped profile
     ``spec/platforms/local_sink.toml`` with ``base_url`` filled in; ``overrides`` replace fields.
 
-    The sink dedupes by ``Idempotency-Key`` (so ``idempotent_resend``) but its
+    The sink dedupes by ``Idempotency-Key`` but its
     lookup is not fenced: with read lag a missing object may still exist.
     """
     from .profile import load_profile  # the shipped profile spec/platforms/local_sink.toml

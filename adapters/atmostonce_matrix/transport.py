@@ -21,9 +21,8 @@ decisions, in short (docs/matrix.md has the long form):
   it). One transport at a time may use a state file (an ``flock``).
 * **Window.** Synapse forgets a txnId about 24 h after it was first used
   (in-memory cache 30 min, database table 24 h, cleaned every 5 min).
-  :attr:`MatrixConfig.resend_window_seconds` (default 23 h) is declared as
-  ``Capabilities.resend_window_seconds``. The transport journals the first
-  time it sent each txnId (``<state>.txns``, one JSON line, fsynced before
+  :attr:`MatrixConfig.resend_window_seconds` (default 23 h) stays below it:
+  the transport journals the first time it sent each txnId (``<state>.txns``, one JSON line, fsynced before
   the bytes leave) and **refuses** to send a txnId again once that time is
   older than the window: :class:`NotSent` with row
   ``local:outside_resend_window``, no byte sent; likewise a txnId that another
@@ -48,8 +47,8 @@ decisions, in short (docs/matrix.md has the long form):
   ``M_FORBIDDEN`` and other 4xx: not sent; 5xx, timeouts after writing and
   disconnects: unknown; 2xx with an ``event_id``: sent.
 
-Capabilities: ``read_back=True, lookup_by_key=True, idempotent_resend=True,
-fenced_lookup=False, resend_window_seconds=<window>``. All durations in seconds.
+Capabilities: ``read_back=True, lookup_by_key=True, fenced_lookup=False``.
+All durations in seconds.
 """
 
 from __future__ import annotations
@@ -195,9 +194,7 @@ class MatrixConfig:
         return Capabilities(
             read_back=True,
             lookup_by_key=True,
-            idempotent_resend=True,
             fenced_lookup=False,
-            resend_window_seconds=self.resend_window_seconds,
         )
 
 

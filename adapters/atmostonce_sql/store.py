@@ -20,6 +20,7 @@ import contextlib
 import json
 import re
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
@@ -405,19 +406,23 @@ class SqlStore(SqlClaims, Operations):
             return self._intent(row), True
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
+    def _guard_values(self, key: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        """What the guard fragments read besides the row: the presented arguments (``PARAMS``), the key,
+        the store's default text window (unprefixed names)."""
+        values: dict[str, Any] = {name: args.get(name) for name in PARAMS}
+        values.update(fenced=args.get("fenced") is True, key=key, text_window=self.default_text_window_seconds)
+        return values
+
     def _params(self, ev, key: str, args: Mapping[str, Any], conn: Connection | None) -> dict[str, Any]:
         """The move's statement parameters (``conn``: the open transaction, where SQLite draws the
         generation; ``None`` on PostgreSQL, whose statement draws it from its sequence)."""
-        params: dict[str, Any] = {name: args.get(name) for name in PARAMS}
-        params["fenced"] = args.get("fenced") is True
+        params = self._guard_values(key, args)
         params.update(
-            key=key,
             lease_seconds=float(args.get("lease_seconds") or 0.0),
             descriptor=dict(args.get("descriptor") or {}),
             remote_id=args.get("remote_id"),
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
             detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
-            text_window=self.default_text_window_seconds,
         )
         if "open_attempt" in ev.effects:
             params["new_token"] = attempt_token()
@@ -1000,6 +1005,21 @@ class SqlStore(SqlClaims, Operations):
             }
         raise StoreError(f"effect {eff!r} has no SQL implementation")
 
+    def _check(self, event: str, key: str, args: Mapping[str, Any], guards: tuple[str, ...]) -> str | None:
+        """A read-only ``SELECT`` of the event's source state and guard fragments (the diagnosis statement
+        the conditional write is explained with), in no transaction that writes."""
+        ev = self.table.event(event)
+        stmts = self._statements(ev)
+        with self._tx() as conn:
+            values = self._guard_values(key, args)
+            row = conn.execute(stmts["diagnose"], {f"p_{k}": v for k, v in values.items()}).first()
+        if row is None:
+            raise UnknownIntent(event, key, "intent_exists", None)
+        if row[0] not in ev.sources:
+            return "source_state"
+        passed = {g: bool(row[i + 1]) for i, g in enumerate(stmts["checked"])}  # disabled guards are absent
+        return next((g for g in guards if not passed.get(g, True)), None)
+
     def _diagnose(
         self, conn: Connection, ev, key: str, params: Mapping[str, Any], coupled: bool = False
     ) -> Rejected | None:
@@ -1325,8 +1345,11 @@ class SqlStore(SqlClaims, Operations):
             return bool(conn.execute(q).scalar_one())
 
     def kill_switch_engaged(self, account: str) -> bool:
-        k = kill_switches.c
-        q = sa.select(sa.exists().where(k.engaged, sa.or_(k.scope == "global", k.scope == f"account:{account}")))
+        # the guard's own fragment, over the account given instead of an intent's column
+        x = GuardRefs(None, None, self.table, self.approval_table)
+        q = sa.select(
+            ~SQL_GUARDS["kill_switch_off"](SimpleNamespace(account=sa.literal(account, sa.Text)), self._now, x)
+        )
         with self._tx() as conn:
             return bool(conn.execute(q).scalar_one())
 

@@ -140,17 +140,19 @@ def unknown_never_resent_by_machine(t: Table) -> list[str]:
 
 def refusals_that_wait_leave_the_intent_queued(t: Table) -> list[str]:
     """A guard whose refusal is a wait names an outcome that keeps the intent in the initial state and
-    moves nothing, and is not also a policy gate (whose refusal parks the intent)."""
+    moves nothing, and is not also a policy gate (whose refusal parks the intent). The same holds for the
+    outcome a guard checked before ``begin`` reports (``before_begin``): nothing was begun."""
     out = []
     for g in t.guards.values():
-        if g.refusal_outcome is None:
-            continue
-        o = t.outcomes.get(g.refusal_outcome)
-        if o is None:
-            out.append(f"guard {g.name}: refusal outcome {g.refusal_outcome!r} is not declared")
-        elif o.state != t.initial or o.event is not None:
-            out.append(f"guard {g.name}: refusal outcome {o.name} does not leave the intent queued in {t.initial!r}")
-        if g.policy:
+        for what, name in (("refusal outcome", g.refusal_outcome), ("before-begin outcome", g.before_begin)):
+            if name is None:
+                continue
+            o = t.outcomes.get(name)
+            if o is None:
+                out.append(f"guard {g.name}: {what} {name!r} is not declared")
+            elif o.state != t.initial or o.event is not None:
+                out.append(f"guard {g.name}: {what} {o.name} does not leave the intent queued in {t.initial!r}")
+        if g.refusal_outcome is not None and g.policy:
             out.append(f"guard {g.name}: a policy gate's refusal parks the intent; it cannot also be a wait")
     return out
 

@@ -23,7 +23,6 @@ an unknown key, approval or target, :class:`~atmostonce.errors.IntakeError` for 
 from __future__ import annotations
 
 import copy
-import itertools
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -552,7 +551,6 @@ class MemoryClaims:
         self._approvals: dict[str, dict[str, Any]] = {}
         self._claims: dict[str, dict[str, Any]] = {}
         self._claim_history: list[ClaimEntry] = []
-        self._claim_refusal_seq = itertools.count(1)
         self.operator_keys: dict[str, dict[str, Any]] = {}  # key id -> OperatorKey fields
         self.signing_policies: dict[str, bool] = {}  # account -> signing required
 

@@ -4,10 +4,8 @@ No I/O. The clock is injected (``clock() -> float`` seconds) and stands for the
 database clock. Every move looks the event up in the table, checks the source
 state, evaluates the table's named guards in order, and only then changes
 anything; a refused move raises :class:`~atmostonce.errors.Rejected` and leaves
-the model exactly as it was (h11-style). The per-intent state is held by a
-``transitions`` machine built from the table's events; its own condition
-mechanism is not used (it fails silently with ``False``), and ``to_<state>``
-shortcuts are disabled.
+the model exactly as it was (h11-style). The state is a column of the intent's
+row, moved by the same write as every other column (docs/design.md#the-model).
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
-
-from transitions import Machine
 
 from .audit import (
     INTENT_BOUND_FIELDS,
@@ -94,29 +90,6 @@ _Append = tuple[_AppendTarget, Any]
 """One deferred write of an effect: ``target.append(item)`` once every check passed."""
 
 
-class _Cell:
-    """What the ``transitions`` machine moves: one intent's state."""
-
-    def __init__(self, state: str):
-        self.state = state
-
-
-def _build_machine(t: Table) -> Machine:
-    transitions = [
-        {"trigger": ev.name, "source": list(ev.sources), "dest": ev.target}
-        for ev in t.events.values()
-        if not ev.creates
-    ]
-    return Machine(
-        model=None,
-        states=list(t.states),
-        transitions=transitions,
-        initial=t.initial,
-        auto_transitions=False,
-        ignore_invalid_triggers=False,
-    )
-
-
 def _chain_fields(h: HistoryEntry) -> tuple[Any, ...]:
     """A history row's fields in ``atmostonce.audit.HISTORY_FIELDS`` order, detail in the model's text form."""
     return (
@@ -153,7 +126,6 @@ class MemoryStore(MemoryClaims, Operations):
         """The duplicate-text window until one is stored (``set_text_window``)."""
         self._clock = clock or time.time
         self._lock = threading.RLock()
-        self._machine = _build_machine(self.table)
         self._disabled_guards: frozenset[str] = frozenset()
         self.reset()
 
@@ -162,7 +134,6 @@ class MemoryStore(MemoryClaims, Operations):
         """Forget everything (the stateful suite's ``@initialize``)."""
         with getattr(self, "_lock", threading.RLock()):
             self._rows: dict[str, dict[str, Any]] = {}
-            self._cells: dict[str, _Cell] = {}
             self._attempts: list[dict[str, Any]] = []
             self._attempt_outcomes: list[tuple[int, str, str]] = []
             self._history: list[HistoryEntry] = []
@@ -184,7 +155,7 @@ class MemoryStore(MemoryClaims, Operations):
             self._refusals: list[Refusal] = []
             self._evidence: list[Evidence] = []
             self.source_heads: dict[str, str] = {}
-            self._source_versions: dict[str, dict[str, Any]] = {}
+            self._source_versions: set[str] = set()  # every version captured (only membership is read)
             self._reset_claims()
 
     def close(self) -> None:
@@ -233,10 +204,7 @@ class MemoryStore(MemoryClaims, Operations):
                 "source_version": sub.source_version,
                 "requires_approval": sub.requires_approval,
             }
-            cell = _Cell(self.table.initial)
-            self._machine.add_model(cell, initial=self.table.initial)
             self._rows[sub.key] = row
-            self._cells[sub.key] = cell
             creator = next(e for e in self.table.events.values() if e.creates)
             self._append_history(self._history_entry(sub.key, creator.name, creator.actor, None, row, {}, now))
             return self._intent(row), True
@@ -250,11 +218,9 @@ class MemoryStore(MemoryClaims, Operations):
             if row["state"] not in ev.sources:
                 raise IllegalMove(event, key, "source_state", row["state"])
             now = self.now()
-            for g in ev.guards:
-                if g in self._disabled_guards:
-                    continue
-                if not GUARDS[g](row, args, now, self):
-                    raise GuardRefused(event, key, g, row["state"])
+            refused = self._refusing_guard(row, args, now, ev.guards)
+            if refused is not None:
+                raise GuardRefused(event, key, refused, row["state"])
             # compute everything first; commit only when nothing else can fail
             new = copy.deepcopy(row)
             appends: list[_Append] = []
@@ -271,10 +237,6 @@ class MemoryStore(MemoryClaims, Operations):
             # the row exists under ``key``, so it is a delivery key
             entry = self._history_entry(key, event, actor, row["state"], new, args, now, token, gen)  # type: ignore[arg-type]
             rec = self._reconciliation(key, event, new, args, entry.seq, now)  # type: ignore[arg-type]
-            cell = self._cells[key]
-            if not getattr(cell, event)():  # pragma: no cover - guards were checked above
-                raise StoreError(f"transitions refused {event} from {row['state']}")
-            assert cell.state == ev.target
             self._rows[key] = new
             for target, item in appends:
                 target.append(item)
@@ -284,7 +246,26 @@ class MemoryStore(MemoryClaims, Operations):
             self._commit_coupled(coupled, now)
             return self._intent(new)
 
-    _NOT_DATA = frozenset({"_lock", "_machine", "table", "_clock", "_cells", "_generation", "_seq", "core"})
+    def _refusing_guard(
+        self, row: Mapping[str, Any], args: Mapping[str, Any], now: float, guards: tuple[str, ...]
+    ) -> str | None:
+        """The first of ``guards`` whose predicate refuses (the registry ``atmostonce.guards.GUARDS``)."""
+        for g in guards:
+            if g not in self._disabled_guards and not GUARDS[g](row, args, now, self):
+                return g
+        return None
+
+    def _check(self, event: str, key: str, args: Mapping[str, Any], guards: tuple[str, ...]) -> str | None:
+        ev = self.table.event(event)
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                raise UnknownIntent(event, key, "intent_exists", None)
+            if row["state"] not in ev.sources:
+                return "source_state"
+            return self._refusing_guard(row, args, self.now(), guards)
+
+    _NOT_DATA = frozenset({"_lock", "table", "_clock", "_generation", "_seq", "core"})
 
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves as one transaction: on a refusal, everything the earlier moves wrote is put
@@ -292,18 +273,12 @@ class MemoryStore(MemoryClaims, Operations):
         transaction leaves a gap)."""
         with self._lock:
             saved = copy.deepcopy({k: v for k, v in vars(self).items() if k not in self._NOT_DATA})
-            cells = {k: c.state for k, c in self._cells.items()}
             out: list[Intent] = []
             try:
                 for event, args in steps:
                     out.append(self._apply(event, key, step_args(args, out[-1] if out else None)))
             except BaseException:
                 vars(self).update(saved)
-                for k in list(self._cells):
-                    if k not in cells:
-                        del self._cells[k]
-                    else:
-                        self._cells[k].state = cells[k]
                 raise
             return out
 
@@ -549,8 +524,7 @@ class MemoryStore(MemoryClaims, Operations):
             if head == version:
                 return SourceCapture(source_id, version, False, None, raw_hash)
             new = version not in self._source_versions
-            if new:
-                self._source_versions[version] = {"source_id": source_id, "supersedes": head, "raw_hash": raw_hash}
+            self._source_versions.add(version)
             self.source_heads[source_id] = version
             return SourceCapture(source_id, version, new, head, raw_hash)
 
@@ -625,8 +599,10 @@ class MemoryStore(MemoryClaims, Operations):
             return any(r["account"] == account for r in self._rows.values())
 
     def kill_switch_engaged(self, account: str) -> bool:
+        from .guards import kill_switch_off
+
         with self._lock:
-            return bool(self.kill_switches.get("global") or self.kill_switches.get(f"account:{account}"))
+            return not kill_switch_off({"account": account}, {}, self.now(), self)
 
     def current_epoch(self) -> int:
         return self.epoch

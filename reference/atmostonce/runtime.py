@@ -244,11 +244,14 @@ class Dispatcher:
         if self.crash is not None:
             self.crash(name)
 
-    def _source_fresh(self, intent: Intent) -> bool:
-        """The freshness fence before ``begin``: an intent resting on a source version that is no
-        longer the head is skipped (``gate.stale_source``), never begun, so it stays queued."""
-        # an intent with a source version has its source id (atmostonce.records.prepare_submission)
-        return intent.source_version is None or self.store.source_head(intent.source_id) == intent.source_version  # type: ignore[arg-type]
+    def _before_begin(self, intent: Intent) -> str | None:
+        """The gates before ``begin``, which spend nothing: the guards of ``authorize_dispatch`` the table
+        marks ``before_begin`` (kill switch, rate window, freshness fence), evaluated by the store without
+        writing (``Store.check``, the same predicates and SQL fragments as the move). Returns the outcome
+        the table names for the first that refuses (the intent stays queued), or ``None``."""
+        gates = self.store.table.before_begin_guards
+        refused = self.store.check("authorize_dispatch", intent.key, guards=tuple(gates))
+        return None if refused is None else gates.get(refused)
 
     def dispatch(self, key: str) -> str:
         """Dispatch ``key`` once; returns the outcome name from the table (e.g. ``read_back.match``).
@@ -334,12 +337,9 @@ class Dispatcher:
     def _dispatch_stepwise(self, before: Intent) -> str:
         """Every move its own commit, with the pre-checks that spend nothing before ``begin``."""
         key = before.key
-        if self.store.kill_switch_engaged(before.account):
-            return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
-        if self.store.rate_limited(before.account):
-            return "gate.rate_limited"  # the account's window is full: wait for the next one, spend nothing
-        if not self._source_fresh(before):
-            return "gate.stale_source"  # the freshness fence: skipped before any expensive work
+        stop = self._before_begin(before)
+        if stop is not None:
+            return stop  # a stop before begin spends nothing: the intent stays queued
         refusal = retraction_refusal(self.transport, wire_request(before).action)
         if refusal is not None:
             return refusal  # nothing begun: a transport that cannot retract must not try

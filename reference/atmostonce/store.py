@@ -13,7 +13,7 @@ the role protocols of :mod:`atmostonce.protocols` (re-exported here); :class:`St
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import identity, observe
@@ -192,6 +192,27 @@ class Operations(ClaimOperations):
         every operation of :class:`~atmostonce.protocols.Store` whose moves, appends and policy writes are the
         core's. The shipped stores do not call this: each is its own core (``self.core = self``)."""
         self.core, self.table, self.max_payload_bytes = core, table, max_payload_bytes
+
+    def check(
+        self, event: str, key: str, args: Mapping[str, Any] | None = None, *, guards: Sequence[str] | None = None
+    ) -> str | None:
+        """Evaluate, without writing, what the move ``event`` of intent ``key`` checks: its source state,
+        then its guards (or only ``guards``, some of the event's, in the order given) against ``args``,
+        the arguments the move would present, with the same predicates (model) or SQL fragments (SQL
+        stores) the move's conditional write uses. Returns the name of the first that refuses
+        (``source_state`` for the state), or ``None`` when the move's checks pass now; a later move may
+        still be refused, since the row can change in between (docs/design.md#the-gate-is-the-conditional-write).
+        Raises ``UnknownIntent`` for a key with no intent and ``IntakeError`` for an event the table does
+        not have or a guard that is not one of the event's."""
+        key = check_text("key", key, max_chars=256)
+        if event not in self.table.events or self.table.events[event].creates:
+            raise IntakeError(f"{event!r} is not a move of the table")
+        ev = self.table.events[event]
+        chosen = ev.guards if guards is None else tuple(guards)
+        stray = [g for g in chosen if g not in ev.guards]
+        if stray:
+            raise IntakeError(f"{stray} are not guards of {event}; it checks {list(ev.guards)}")
+        return self.core._check(event, key, dict(args or {}), chosen)
 
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
         """Validate the key, then hand the move to the core's ``_apply``; a write refused by a

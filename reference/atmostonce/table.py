@@ -74,6 +74,9 @@ class Guard:
     refusal_outcome: str | None = None
     """An outcome (in ``outcomes``) the runtime reports when this guard refuses ``authorize_dispatch``: a
     wait (nothing sent, the lease given back, the intent still queued), not a policy block."""
+    before_begin: str | None = None
+    """An outcome the dispatcher reports when this guard of ``authorize_dispatch`` refuses in its check
+    before ``begin`` (``Store.check``, no write): nothing begun or spent, the intent still queued."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,12 @@ class Table:
         """Guards whose refusal is a wait, each with the outcome the runtime reports for it
         (``refusal_outcome``); for example ``{"rate_limit_clear": "gate.rate_limited"}``."""
         return MappingProxyType({g.name: g.refusal_outcome for g in self.guards.values() if g.refusal_outcome})
+
+    @property
+    def before_begin_guards(self) -> Mapping[str, str]:
+        """Guards the dispatcher checks before ``begin`` (``before_begin``), each with the outcome it reports
+        when that guard refuses; for example ``{"kill_switch_off": "gate.paused", ...}``."""
+        return MappingProxyType({g.name: g.before_begin for g in self.guards.values() if g.before_begin})
 
     @property
     def late_outcomes(self) -> tuple[str, ...]:

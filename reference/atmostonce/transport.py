@@ -73,9 +73,7 @@ class Capabilities:
 
     read_back: bool = True
     lookup_by_key: bool = False
-    idempotent_resend: bool = False
     fenced_lookup: bool = False
-    resend_window_seconds: float | None = None
     retract: bool = False
     """The transport can delete or correct a published object by its remote id (a retraction, docs/platforms.md)."""
 

@@ -356,8 +356,9 @@ class PlantedStore(MemoryStore):
 class _NoFreshnessFence(Dispatcher):
     """Bug 6: the runtime begins an intent without looking at its source's head first."""
 
-    def _source_fresh(self, intent: Intent) -> bool:
-        return True
+    def _before_begin(self, intent: Intent) -> str | None:
+        stop = super()._before_begin(intent)
+        return None if stop == "gate.stale_source" else stop
 
 
 class _HideEvidence:

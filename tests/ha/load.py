@@ -44,7 +44,6 @@ def worker_main(url: str, sink_url: str, index: int) -> int:
         sink_url,
         key_field="/delivery_key",
         lookup_fenced=True,
-        idempotent_resend=False,
         connect_timeout=2.0,
         write_timeout=2.0,
         read_timeout=2.0,

@@ -30,7 +30,6 @@ def test_a_create_held_in_the_network_past_a_fenced_absence_is_refused_and_the_r
             relay.url,
             key_field="/delivery_key",
             lookup_fenced=True,
-            idempotent_resend=False,
             connect_timeout=2.0,
             write_timeout=2.0,
             read_timeout=0.8,

@@ -37,7 +37,7 @@ def test_capabilities_follow_config():
     bare = HttpPlatformConfig(base_url="http://h")
     assert bare.capabilities == Capabilities(read_back=False, lookup_by_key=False)
     sink = sink_config("http://127.0.0.1:1")
-    assert sink.capabilities == Capabilities(read_back=True, lookup_by_key=True, idempotent_resend=True, retract=True)
+    assert sink.capabilities == Capabilities(read_back=True, lookup_by_key=True, retract=True)
     no_retraction = sink_config("http://127.0.0.1:1", delete_path=None, update_path=None)
     assert no_retraction.capabilities.retract is False
     assert sink_config("http://127.0.0.1:1", update_path=None).capabilities.retract is True

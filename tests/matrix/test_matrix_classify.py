@@ -90,9 +90,7 @@ def test_capabilities_are_declared_honestly():
     assert cfg.capabilities == Capabilities(
         read_back=True,
         lookup_by_key=True,
-        idempotent_resend=True,
         fenced_lookup=False,  # a history lookup that finds nothing proves nothing
-        resend_window_seconds=DEFAULT_RESEND_WINDOW,
     )
     assert DEFAULT_RESEND_WINDOW < 24 * 3600
     assert "s3cret-pw" not in repr(cfg)
