@@ -7,8 +7,8 @@ committed file differs from what the current table gives; ``--print`` writes it 
 
 Taken from the table: the states (an ``mtype``); every event (one ``d_step``: source states, the
 conjunction of its guards, its effects, its target); which actor calls it; which states are
-initial / in flight / terminal / unknown / retryable (the properties are phrased over those kinds,
-not over state names); which outcome each event records (that decides what evidence a caller must
+initial / in flight / terminal / unknown / retryable (named through the table vocabulary, ``t.names.state``);
+which outcome each event records (that decides what evidence a caller must
 hold before making the call); which event carries the restore fence.
 
 Added here, by name; the generator raises :class:`GenerationError` for any name it cannot
@@ -496,7 +496,7 @@ def _validate(t: Table) -> None:
 # ------------------------------------------------------------------------------------ broken config
 def broken_retry_on_unknown(t: Table) -> Table:
     """The deliberately broken configuration: a worker moves an unknown outcome back to the queue."""
-    unknown = _one_kind(t, "unknown")
+    unknown = t.names.state.indeterminate
     ev = Event(
         name="retry_unknown",
         actor="worker",
@@ -515,12 +515,12 @@ BROKEN_EVIDENCE: Mapping[str, str] = MappingProxyType({"retry_unknown": "true"})
 def broken_claim_freed_on_unknown(t: Table) -> Table:
     """The broken claims configuration: a worker's move from in flight to unknown (the first in the
     table: read_back_failed) frees the claim (couples the claim's settling move instead of uncertain)."""
-    unknown = _one_kind(t, "unknown")
-    in_flight = _one_kind(t, "in_flight")
+    unknown = t.names.state.indeterminate
+    in_flight = t.names.state.authorized
     settle = next(
         e.couples["claim"]
         for e in t.events.values()
-        if "claim" in e.couples and in_flight in e.sources and t.states[e.target].disposition == "done"
+        if "claim" in e.couples and in_flight in e.sources and e.target == t.names.state.published
     )
     # the first such move only: the other one keeps the coupling to uncertain, so no claim event
     # becomes a worker's own uncoupled call
@@ -543,10 +543,10 @@ def _event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: in
     base = dict(ACTOR_ARGS[ev.actor])
     human = base["human"] if human_actor else "0"
     binding = _Binding(ev.actor, what, {**base, "human": human})
-    in_flight = _one_kind(t, "in_flight")
-    done = _one_kind(t, "terminal")
-    retryable = _one_kind(t, "retryable")
-    back_to_queue = [s.name for s in t.states.values() if s.kind in ("initial", "in_flight")]
+    in_flight = t.names.state.authorized
+    done = t.names.state.published
+    retryable = t.names.state.failed
+    back_to_queue = [t.initial, in_flight]
 
     conds = [_any("state", ev.sources)]
     presented: list[str] = []
@@ -576,7 +576,7 @@ def _event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: in
         body.append(f"if :: {human} -> excuse_all() :: else -> skip fi;")
     elif human_actor:
         body.append(f"if :: {human} -> tainted = 0; proof = 0 :: else -> skip fi;")
-    if t.states[ev.target].kind == "unknown":
+    if ev.target == t.names.state.indeterminate:
         body.append("tainted = 1; proof = 0;")
     if ev.target in back_to_queue and any(s != ev.target for s in ev.sources):
         body.append(
@@ -648,8 +648,8 @@ def generate(
     claims = generate_claims(t, claim_t, approval_t, drop_guard=drop_guard, bounds=bounds, extra_evidence=extra)
     if drop_guard not in t.guards:
         drop_guard = None
-    unknown = _one_kind(t, "unknown")
-    in_flight = _one_kind(t, "in_flight")
+    unknown = t.names.state.indeterminate
+    in_flight = t.names.state.authorized
     creators = [e for e in t.events.values() if e.creates]
     if len(creators) != 1:
         raise GenerationError(f"expected exactly one creating event, found {[e.name for e in creators]}")
@@ -1317,8 +1317,8 @@ def generate_claims(
     """The claims configuration (the text between ``#ifdef CLAIMS`` and ``#else``)."""
     _validate_claims(t, claim_t, approval_t)
     W, NI, NA = bounds.workers, CLAIMS_INTENTS, CLAIMS_APPROVALS
-    in_flight = _one_kind(t, "in_flight")
-    settled = [s.name for s in t.states.values() if s.disposition in ("done", "retryable")]
+    in_flight = t.names.state.authorized
+    settled = [t.names.state.published, t.names.state.failed]
     c_free = _one_kind(claim_t, "free")
     c_dispatching = _one_kind(claim_t, "dispatching")
     c_began = _kind_states(claim_t, "dispatching", "uncertain")

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import observe
-from .errors import AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
+from .errors import SOURCE_STATE, AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
 from .identity import canonical_json, request_digest
+from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .records import Intent, Lease, check_limit
 from .store import RETRACTION_PREFIX, Store, retraction_of
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
@@ -38,8 +39,6 @@ __all__ = [
     "RuntimeConfig",
     "SimulatedCrash",
     "Sweeper",
-    "TIMED_OUTCOMES",
-    "WAITING_OUTCOMES",
     "Worker",
     "backoff_delay",
     "check_retraction",
@@ -55,24 +54,6 @@ RECONCILER_VERSION = 1
 
 CRASH_POINTS = ("after_begin", "after_work", "after_authorize", "after_send", "after_record_success")
 """Step boundaries at which a crash hook may kill a dispatch (the worker just stops)."""
-
-
-WAITING_OUTCOMES = frozenset(
-    {
-        "gate.paused",
-        "gate.stale_source",
-        "gate.awaiting_approval",
-        "gate.rate_limited",
-        "claim.busy",
-        "claim.refused",
-        "retract.unsupported",
-    }
-)
-"""Dispatch outcomes that began nothing: a worker that saw only these waits before it polls again."""
-
-TIMED_OUTCOMES = frozenset({"gate.rate_limited", "claim.busy"})
-"""Waiting outcomes that time resolves (the rate window turns, another dispatch's claim is released or lapses);
-the other :data:`WAITING_OUTCOMES` hold until someone acts (approves, releases a kill switch, captures a source)."""
 
 
 class SimulatedCrash(Exception):
@@ -119,7 +100,7 @@ def read_back_confirms(transport: Transport, wire: WireRequest, rb: Any) -> bool
     return isinstance(rb, Found) and transport.matches(wire, rb)
 
 
-RETRACT_UNSUPPORTED = "retract.unsupported"
+RETRACT_UNSUPPORTED = OUTCOME.retract_unsupported
 
 
 def retraction_refusal(transport: Transport, action: str) -> str | None:
@@ -139,8 +120,8 @@ def check_retraction(transport: Transport, key: str, action: str) -> None:
         raise RetractionUnsupported(key, action, transport.name, outcome)
 
 
-READ_BACK_MATCH = "read_back.match"
-READ_BACK_UNAVAILABLE = "read_back.unavailable"
+READ_BACK_MATCH = OUTCOME.read_back_match
+READ_BACK_UNAVAILABLE = OUTCOME.read_back_unavailable
 
 
 def read_back_outcome(transport: Transport, wire: WireRequest, rb: Any) -> str:
@@ -149,7 +130,7 @@ def read_back_outcome(transport: Transport, wire: WireRequest, rb: Any) -> str:
     approved) or ``read_back.not_found``."""
     if read_back_confirms(transport, wire, rb):
         return READ_BACK_MATCH
-    return "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
+    return OUTCOME.read_back_differs if isinstance(rb, Found) else OUTCOME.read_back_not_found
 
 
 def verify_remote_object(store: Store, transport: Transport, key: str, remote_id: str) -> dict[str, Any]:
@@ -283,7 +264,7 @@ class Dispatcher:
                 )
         except GuardRefused as exc:
             table = self.store.table
-            if exc.event != "begin" and (exc.guard in table.policy_guards or exc.guard in table.waiting_guards):
+            if exc.event != EVENT.begin and (exc.guard in table.policy_guards or exc.guard in table.waiting_guards):
                 # rolled back, nothing begun: the step-by-step path names the stop (paused, rate
                 # limited, stale source) or blocks at the gate, exactly as it always has
                 return self._dispatch_stepwise(self.store.get(before.key))
@@ -334,11 +315,11 @@ class Dispatcher:
         """Every move its own commit, with the pre-checks that spend nothing before ``begin``."""
         key = before.key
         if self.store.kill_switch_engaged(before.account):
-            return "gate.paused"  # a stop before begin spends nothing: the intent stays queued
+            return OUTCOME.gate_paused  # a stop before begin spends nothing: the intent stays queued
         if self.store.rate_limited(before.account):
-            return "gate.rate_limited"  # the account's window is full: wait for the next one, spend nothing
+            return OUTCOME.gate_rate_limited  # the account's window is full: wait for the next one, spend nothing
         if not self._source_fresh(before):
-            return "gate.stale_source"  # the freshness fence: skipped before any expensive work
+            return OUTCOME.gate_stale_source  # the freshness fence: skipped before any expensive work
         refusal = retraction_refusal(self.transport, wire_request(before).action)
         if refusal is not None:
             return refusal  # nothing begun: a transport that cannot retract must not try
@@ -357,7 +338,7 @@ class Dispatcher:
                 verified = [a for a in usable if self.store.verified_signature_args(a)]
                 usable = verified or usable
             if not usable:
-                return "gate.awaiting_approval"
+                return OUTCOME.gate_awaiting_approval
             try:
                 claim = self.store.reserve_claim(
                     key,
@@ -367,7 +348,11 @@ class Dispatcher:
                     lease_seconds=self.config.lease_seconds,
                 )
             except Rejected as exc:
-                return "claim.busy" if exc.guard in ("claim_lease_expired", "source_state") else "claim.refused"
+                return (
+                    OUTCOME.claim_busy
+                    if exc.guard in (CLAIM_GUARD.claim_lease_expired, SOURCE_STATE)
+                    else OUTCOME.claim_refused
+                )
         try:
             lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
         except Rejected:
@@ -393,11 +378,11 @@ class Dispatcher:
                 )
         except Rejected as exc:
             machines = set(self.store.claim_table.events) | set(self.store.approval_table.events)
-            if claim is not None and exc.event in machines and exc.guard != "claim_owner":
+            if claim is not None and exc.event in machines and exc.guard != CLAIM_GUARD.claim_owner:
                 # the approval lapsed or was withdrawn, or the target moved on, since the reservation:
                 # nothing was sent; the intent stays queued (its attempt is settled by the sweeper)
                 self._give_back(claim)
-                return "claim.refused"
+                return OUTCOME.claim_refused
             waits = self.store.table.waiting_guards.get(exc.guard)
             if waits is not None:
                 self._give_back(claim)
@@ -408,7 +393,7 @@ class Dispatcher:
                 raise  # a stale worker: nothing to record, the sweeper settles the lease
             # a policy gate refused at publish time: terminal and human-owned (seed 004, "Recovery")
             self.store.block_at_gate(lease, reason=f"gate.blocked:{exc.guard}")
-            return "gate.blocked"
+            return OUTCOME.gate_blocked
         self._point("after_authorize")
         result = self._send(wire)
         self._point("after_send")
@@ -488,13 +473,13 @@ class Sweeper:
         table = self.store.table
         for it in self.store.due_leases(self.config.sweep_batch):
             # the table names the sweeper's lease-expiry move for the intent's state
-            events = [e for e in table.events.values() if e.actor == "sweeper" and it.state in e.sources]
+            events = [e for e in table.events.values() if e.actor == ACTOR.sweeper and it.state in e.sources]
             if len(events) != 1:
                 out["skipped"] += 1
                 continue
             try:
                 getattr(self.store, events[0].name)(it)
-                out["expired" if table.states[events[0].target].kind == "unknown" else "abandoned"] += 1
+                out["expired" if events[0].target == STATE.indeterminate else "abandoned"] += 1
             except Rejected:
                 out["skipped"] += 1
         return out
@@ -503,7 +488,7 @@ class Sweeper:
         """Re-queue up to ``limit`` (default ``retries_per_tick``) failed intents; park exhausted ones."""
         budget = self.config.retries_per_tick if limit is None else limit
         out = {"retried": 0, "exhausted": 0, "skipped": 0}
-        for state in self.store.table.retryable_states:
+        for state in (STATE.failed,):
             for it in self.store.list_intents(state=state, limit=budget):
                 if out["retried"] >= budget:
                     return out
@@ -570,11 +555,11 @@ class Reconciler:
         plan = it.plan
         caps = self.transport.capabilities
         if self._drifted(it):
-            self.store.park_unreconcilable(plan, reason="reconcile.descriptor_drift")
-            return "reconcile.descriptor_drift"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.reconcile_descriptor_drift)
+            return OUTCOME.reconcile_descriptor_drift
         if it.reconcile_count >= it.max_reconciles:
-            self.store.park_unreconcilable(plan, reason="reconcile.budget_spent")
-            return "reconcile.budget_spent"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.reconcile_budget_spent)
+            return OUTCOME.reconcile_budget_spent
         wire = wire_request(it)
         object_id = it.remote_id if it.remote_id is not None else wire.object_id  # a retraction acts on a known object
         if (
@@ -585,42 +570,46 @@ class Reconciler:
             rb = self.transport.read_back(object_id)
             if read_back_confirms(self.transport, wire, rb):
                 self.store.reconcile_found(plan, remote_id=object_id)
-                return "lookup.found"
+                return OUTCOME.lookup_found
             self.store.reconcile_not_found(plan)
-            return "lookup.differs" if isinstance(rb, Found) and wire.action != "delete" else "lookup.not_found"
+            return (
+                OUTCOME.lookup_differs
+                if isinstance(rb, Found) and wire.action != "delete"
+                else OUTCOME.lookup_not_found
+            )
         if wire.action != "create":  # a key lookup says nothing about a deletion or a correction
-            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
-            return "lookup.unsupported"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
+            return OUTCOME.lookup_unsupported
         if not caps.lookup_by_key:
-            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
-            return "lookup.unsupported"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
+            return OUTCOME.lookup_unsupported
         resend_epoch, fence_epoch = self._sent_under(it)
         res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
         if isinstance(res, Found):
             if res.body is not None and not self.transport.matches(wire, res):
                 # an object under this key that does not hold what was approved: not a confirmation
                 self.store.reconcile_not_found(plan)
-                return "lookup.differs"
+                return OUTCOME.lookup_differs
             self.store.reconcile_found(plan, remote_id=res.remote_id)
-            return "lookup.found"
+            return OUTCOME.lookup_found
         if isinstance(res, Unsupported):
-            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
-            return "lookup.unsupported"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
+            return OUTCOME.lookup_unsupported
         assert isinstance(res, NotFound), res
         if caps.fenced_lookup:
             try:
                 self.store.reconcile_absent(plan, fenced=True)
-                return "lookup.not_found_fenced"
+                return OUTCOME.lookup_not_found_fenced
             except GuardRefused as exc:
-                if exc.guard != "absence_provable":
+                if exc.guard != GUARD.absence_provable:
                     raise
             # the attempt was begun before a restore: its key may have been rewound, so this
             # not-found proves nothing (it counts against the budget; exhaustion parks for a human),
             # and the key it looked up is now tombstoned, so the fence epoch moves on
             self.store.reconcile_unproven(plan)
-            return "lookup.not_found_before_restore"
+            return OUTCOME.lookup_not_found_before_restore
         self.store.reconcile_not_found(plan)
-        return "lookup.not_found"
+        return OUTCOME.lookup_not_found
 
     def run(self, limit: int | None = None) -> dict[str, int]:
         """Reconcile up to ``limit`` indeterminate intents (default ``config.reconcile_batch``; 0 looks nothing
@@ -630,7 +619,7 @@ class Reconciler:
         if limit == 0:
             return out
         now = self.store.now()
-        for state in self.store.table.states_of_kind("unknown"):
+        for state in (STATE.indeterminate,):
             for it in self.store.list_intents(state=state, limit=limit):
                 wait = self.config.reconcile_interval if it.reconcile_count else self.config.first_look_after
                 if now - it.updated_at < wait:
@@ -643,7 +632,7 @@ class Reconciler:
                 except Rejected:
                     name = "skipped"
                 except AtMostOnceError:  # the lookup itself failed: no evidence, nothing written
-                    name = "lookup.error"
+                    name = OUTCOME.lookup_error
                 if name != "skipped":
                     observe.record_lookup(name)
                 out[name] = out.get(name, 0) + 1
@@ -739,11 +728,11 @@ class Worker(threading.Thread):
                 try:
                     outcome = self.dispatcher.dispatch(key)
                     self.on_result(key, outcome)
-                    did = did or outcome not in WAITING_OUTCOMES
+                    did = did or outcome not in self.dispatcher.store.table.waiting_outcomes
                 except Rejected as exc:
-                    if exc.event == "begin" and exc.guard == "attempts_remaining":
+                    if exc.event == EVENT.begin and exc.guard == GUARD.attempts_remaining:
                         self._exhaust(key)  # a pending intent out of attempts parks instead of looping
-                    elif exc.event != "begin":
+                    elif exc.event != EVENT.begin:
                         self.on_result(key, exc)
                 except SimulatedCrash as exc:
                     self.on_result(key, exc)
