@@ -302,12 +302,6 @@ def test_a_policy_gate_cannot_also_wait():
     ]
 
 
-def with_outcome(t, name, **changes):
-    outcomes = dict(t.outcomes)
-    outcomes[name] = dataclasses.replace(outcomes[name], **changes)
-    return dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
-
-
 def test_the_waiting_and_timed_flags_are_read_from_the_table():
     t = table()
     assert t.waiting_outcomes == {

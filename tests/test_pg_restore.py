@@ -117,7 +117,7 @@ def test_a_restore_without_sequence_positions_is_refused_on_open_and_repaired_by
     partial restore leaves): B refuses to open, declare-restore repairs it in one go, and work resumes with
     generations past every stored one while the worker from before the dump is refused."""
     from atmostonce import SequenceBehind
-        from tests.helpers import submit, to_state
+    from tests.helpers import submit, to_state
 
     url_a = pg_databases.fresh()
     dsn = sa.engine.make_url(url_a)

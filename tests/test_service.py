@@ -60,7 +60,6 @@ class Echo:
 
 
 def by_state(store):
-    t = store.table
     out: dict[str, int] = {}
     for state, n in store.count_by_state().items():
         out[state] = out.get(state, 0) + n
