@@ -36,6 +36,7 @@ from atmostonce.errors import (
     StoreError,
 )
 from atmostonce.names import STATE
+from atmostonce.protocols import OperatorStore
 from atmostonce.records import check_text
 from atmostonce.table import machine
 
@@ -107,7 +108,7 @@ class Credentials:
 
 
 def create_app(
-    store,
+    store: OperatorStore,
     *,
     credentials: Credentials,
     action_log: ActionLog,

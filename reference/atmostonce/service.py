@@ -27,6 +27,7 @@ from typing import Any
 from .errors import Rejected
 from .names import STATE
 from .plugins import open_store
+from .protocols import OutboxStore
 from .records import Intent
 from .runtime import (
     Dispatcher,
@@ -142,7 +143,7 @@ class Outbox:
 
     def __init__(
         self,
-        store: Store,
+        store: OutboxStore,
         transport: Transport,
         *,
         workers: int = 1,
