@@ -38,7 +38,6 @@ from .runtime import (
     Worker,
     backoff_delay,
 )
-from .store import Store
 from .table import Table
 from .transport import Transport
 
