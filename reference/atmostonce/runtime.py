@@ -29,6 +29,7 @@ from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .protocols import MaintenanceStore, OperatorStore, WorkerStore
 from .records import Intent, Lease, check_limit
 from .store import RETRACTION_PREFIX, retraction_of
+from .table import table as default_table
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
 __all__ = [
@@ -729,7 +730,7 @@ class Worker(threading.Thread):
                 try:
                     outcome = self.dispatcher.dispatch(key)
                     self.on_result(key, outcome)
-                    did = did or outcome not in self.dispatcher.store.table.waiting_outcomes
+                    did = did or outcome not in default_table().waiting_outcomes
                 except Rejected as exc:
                     if exc.event == EVENT.begin and exc.guard == GUARD.attempts_remaining:
                         self._exhaust(key)  # a pending intent out of attempts parks instead of looping
