@@ -25,6 +25,7 @@ from typing import Any
 
 from atmostonce.errors import StoreError
 from atmostonce.identity import split_platform_idempotency_key
+from atmostonce.names import STATE
 from tests.worker_proc import REPO, SINK_PROFILE, WorkerProcess, write_config
 
 FAULT_MIX = {
@@ -169,7 +170,7 @@ def run_soak(
                     next_report = now + 30
                 time.sleep(0.5)
             say(f"chaos over after {counts['submitted']} submissions; settling")
-            open_kinds = table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
             settle_deadline = time.monotonic() + settle_seconds
             settled = False
             while time.monotonic() < settle_deadline:

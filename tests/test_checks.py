@@ -21,6 +21,7 @@ from atmostonce.checks import (
     queue_exits_release_the_claim,
     references_resolve,
     refusals_that_wait_leave_the_intent_queued,
+    stale_writers_are_fenced,
     uncertain_claim_left_only_on_evidence,
     unknown_never_resent_by_machine,
 )
@@ -128,23 +129,9 @@ def test_two_creators_are_both_named():
 
 
 # ---------------------------------------------------------------- only_retry_reenters_initial
-def test_a_second_retryable_state_is_named_with_its_kind():
-    assert only_retry_reenters_initial(with_state(table(), "indeterminate", retryable=True)) == [
-        "expected exactly one retryable state, found ['failed', 'indeterminate']",
-        "retryable state 'indeterminate' is not of kind 'retryable'",
-    ]
-
-
-def test_no_retryable_state_makes_retry_an_edge_from_a_non_retryable_state():
-    assert only_retry_reenters_initial(with_state(table(), "failed", retryable=False)) == [
-        "expected exactly one retryable state, found []",
-        "machine event retry re-enters 'pending' from non-retryable 'failed'",
-    ]
-
-
 def test_a_machine_reentry_from_the_unknown_state_is_named():
     assert only_retry_reenters_initial(with_event(table(), "retry", sources=("failed", "indeterminate"))) == [
-        "machine event retry re-enters 'pending' from non-retryable 'indeterminate'"
+        "machine event retry re-enters 'pending' from 'indeterminate', not 'failed'"
     ]
 
 
@@ -290,7 +277,7 @@ def test_a_waiting_refusal_must_name_a_declared_outcome():
 
 def test_a_waiting_refusal_must_leave_the_intent_queued_and_move_nothing():
     parks = with_guard(table(), "rate_limit_clear", refusal_outcome="gate.blocked")  # moves: block_at_gate
-    message = "guard rate_limit_clear: refusal outcome gate.blocked does not leave the intent queued in 'pending'"
+    message = "guard rate_limit_clear: refusal outcome gate.blocked is not a waiting outcome"
     assert refusals_that_wait_leave_the_intent_queued(parks) == [message]
     t = table()
     outcomes = dict(t.outcomes)
@@ -298,14 +285,12 @@ def test_a_waiting_refusal_must_leave_the_intent_queued_and_move_nothing():
     outcomes["gate.rate_limited"] = dataclasses.replace(outcomes["gate.rate_limited"], state="failed")
     elsewhere = dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
     assert refusals_that_wait_leave_the_intent_queued(elsewhere) == [
-        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'",
-        "guard rate_limit_clear: before-begin outcome gate.rate_limited does not leave the intent queued in 'pending'",
+        "waiting outcome gate.rate_limited does not leave the intent queued in 'pending'"
     ]
     outcomes["gate.rate_limited"] = dataclasses.replace(t.outcomes["gate.rate_limited"], event="retry")
     moving = dataclasses.replace(t, outcomes=MappingProxyType(outcomes))
     assert refusals_that_wait_leave_the_intent_queued(moving) == [
-        "guard rate_limit_clear: refusal outcome gate.rate_limited does not leave the intent queued in 'pending'",
-        "guard rate_limit_clear: before-begin outcome gate.rate_limited does not leave the intent queued in 'pending'",
+        "waiting outcome gate.rate_limited does not leave the intent queued in 'pending'"
     ]
 
 
@@ -322,3 +307,55 @@ def test_a_before_begin_outcome_must_name_a_declared_outcome():
     assert refusals_that_wait_leave_the_intent_queued(t) == [
         "guard kill_switch_off: before-begin outcome 'gate.no_such' is not declared"
     ]
+
+
+def test_the_waiting_and_timed_flags_are_read_from_the_table():
+    t = table()
+    assert t.waiting_outcomes == {
+        "gate.paused",
+        "gate.stale_source",
+        "gate.awaiting_approval",
+        "gate.rate_limited",
+        "claim.busy",
+        "claim.refused",
+        "retract.unsupported",
+    }
+    assert t.timed_outcomes == {"gate.rate_limited", "claim.busy"}
+    assert with_outcome(t, "claim.busy", waiting=False, timed=False).waiting_outcomes == t.waiting_outcomes - {
+        "claim.busy"
+    }
+
+
+def test_a_waiting_outcome_that_moves_the_intent_is_named():
+    t = with_outcome(table(), "gate.blocked", waiting=True)  # recorded by block_at_gate, lands in parked
+    assert refusals_that_wait_leave_the_intent_queued(t) == [
+        "waiting outcome gate.blocked does not leave the intent queued in 'pending'"
+    ]
+
+
+def test_a_timed_outcome_must_be_a_waiting_one():
+    t = with_outcome(table(), "claim.busy", waiting=False)
+    assert refusals_that_wait_leave_the_intent_queued(t) == ["outcome claim.busy is timed but not waiting"]
+
+
+# ------------------------------------------------------------------------------ fencing guards
+def test_the_shipped_fencing_guards_are_the_lease_epoch_and_plan_fences():
+    t = table()
+    assert t.fencing_guards == ("lease_holder", "restore_epoch_current", "plan_unchanged")
+    assert machine("claim").fencing_guards == ("claim_owner", "bound_to_intent")
+    assert stale_writers_are_fenced(t) == []
+
+
+def test_a_move_out_of_flight_without_a_fencing_guard_is_named():
+    # the worker's moves are still fenced by restore_epoch_current; the sweeper's expiry only by the lease holder
+    t = with_guard(table(), "lease_holder", fencing=False)
+    assert stale_writers_are_fenced(t) == [
+        "machine event expire_lease (sweeper) moves authorized -> indeterminate without a fencing guard"
+    ]
+
+
+def test_a_reconciler_move_without_its_plan_fence_is_named():
+    t = with_guard(table(), "plan_unchanged", fencing=False)
+    assert {p.split()[2] for p in stale_writers_are_fenced(t)} == {
+        e.name for e in t.events.values() if "indeterminate" in e.sources and e.actor == "reconciler"
+    }

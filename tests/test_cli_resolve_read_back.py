@@ -107,7 +107,7 @@ def test_resolve_published_refuses_an_id_the_platform_does_not_have(capsys, park
     assert rc == EXIT_REFUSED
     assert doc["not_verified"]["key"] == it.key and doc["not_verified"]["remote_id"] == "99999"
     outcome = store.table.outcomes[doc["not_verified"]["outcome"]]
-    assert store.table.states[outcome.state].kind == "unknown"  # read back as the dispatcher does: not proof
+    assert outcome.state == "indeterminate"  # read back as the dispatcher does: not proof
     assert "--unverified" in doc["hint"] and "--unverified" in err
     assert store.get(it.key).state == it.state and store.get(it.key).remote_id is None
     assert len(store.history(it.key)) == rows  # nothing was written
@@ -120,7 +120,7 @@ def test_resolve_published_refuses_an_object_that_does_not_hold_what_was_approve
     rc, out, _ = _resolve(capsys, url, it.key, "--published", other, "--platform-config", cfg)
     doc = json.loads(out)["not_verified"]
     assert rc == EXIT_REFUSED and doc["remote_id"] == other
-    assert store.table.states[store.table.outcomes[doc["outcome"]].state].kind == "unknown"
+    assert store.table.outcomes[doc["outcome"]].state == "indeterminate"
     assert doc["evidence"] == {"field": "/text", "sent": {"/text": TEXT}, "found": {"/text": "someone else's post"}}
     assert store.get(it.key).state == it.state
 

@@ -51,7 +51,7 @@ def test_retract_on_a_platform_that_cannot_retract_is_refused_before_anything_is
     assert refused["key"] == it.key and refused["action"] == ("delete" if correct is None else "correct")
     # the table's outcome for it leaves the intent queued: what the refusal spares the operator
     outcome = store.table.outcomes[refused["outcome"]]
-    assert store.table.states[outcome.state].kind == "initial"
+    assert outcome.state == "pending"
     assert "delete_path" in doc["hint"] and "hint" in err
     assert len(store.list_intents(limit=100)) == before  # nothing queued
 
@@ -83,9 +83,9 @@ def test_work_names_a_queued_retraction_its_transport_cannot_carry(capsys, publi
     doc = json.loads(out)
     [named] = doc["cannot_retract"]
     assert rc == EXIT_OK and named["key"] == key
-    assert store.table.states[store.table.outcomes[named["outcome"]].state].kind == "initial"
-    assert store.table.states[store.get(key).state].kind == "initial" and it.remote_id in sink.objects
+    assert store.table.outcomes[named["outcome"]].state == "pending"
+    assert store.get(key).state == "pending" and it.remote_id in sink.objects
     rc, out, _ = run(capsys, "work", "--platform-config", cannot, "--database-url", url)
     assert f"park {key[:16]}" in out
     rc, _, _ = run(capsys, "park", key, "--operator", "ops", "--database-url", url)  # the way out it names
-    assert rc == EXIT_OK and store.table.states[store.get(key).state].kind == "human_owned"
+    assert rc == EXIT_OK and store.get(key).state == "parked"

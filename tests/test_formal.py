@@ -147,7 +147,7 @@ def test_the_broken_configuration_adds_a_machine_edge_out_of_the_unknown_state(t
     broken = promela.broken_retry_on_unknown(table)
     ev = broken.events["retry_unknown"]
     assert not broken.actors[ev.actor].human
-    assert broken.states[ev.sources[0]].kind == "unknown" and ev.target == broken.initial
+    assert ev.sources[0] == "indeterminate" and ev.target == broken.initial
     assert "inline ev_retry_unknown()" in promela.generate(broken, extra_evidence=promela.BROKEN_EVIDENCE)
 
 

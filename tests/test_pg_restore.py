@@ -117,7 +117,6 @@ def test_a_restore_without_sequence_positions_is_refused_on_open_and_repaired_by
     partial restore leaves): B refuses to open, declare-restore repairs it in one go, and work resumes with
     generations past every stored one while the worker from before the dump is refused."""
     from atmostonce import SequenceBehind
-    from atmostonce.store import FENCING_GUARDS
     from tests.helpers import submit, to_state
 
     url_a = pg_databases.fresh()
@@ -167,7 +166,7 @@ def test_a_restore_without_sequence_positions_is_refused_on_open_and_repaired_by
             assert renewed.generation > stale.generation
             with pytest.raises(GuardRefused) as stale_refused:  # before any byte
                 store.authorize_dispatch(stale, request_digest=inflight.request_digest)
-            assert stale_refused.value.guard in FENCING_GUARDS
+            assert stale_refused.value.guard in store.table.fencing_guards
             assert store.get(inflight.key).attempt_token == renewed.attempt_token
         finally:
             store.close()

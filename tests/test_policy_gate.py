@@ -328,6 +328,9 @@ def test_every_outcome_name_the_runtime_produces_is_declared_in_the_table():
 
 def test_only_failed_is_retryable_and_policy_blocks_are_terminal():
     t = table()
-    assert t.retryable_states == ("failed",)
+    assert [(e.name, e.sources) for e in t.events.values() if e.target == "pending" and e.actor == "worker"] == [
+        ("begin", ("pending",)),
+        ("retry", ("failed",)),
+    ]
     assert t.outcomes["gate.blocked"].state == "parked" and t.states["parked"].terminal
     assert t.outcomes["gate.paused"].state == "pending"  # a stop that spent nothing stays queued

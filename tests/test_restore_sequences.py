@@ -10,7 +10,6 @@ import pytest
 import sqlalchemy as sa
 
 from atmostonce import GuardRefused, SequenceBehind, StoreError
-from atmostonce.store import FENCING_GUARDS
 from atmostonce_cli.main import main as cli
 from atmostonce_sql import open_store
 from atmostonce_sql.schema import history, intents, meta
@@ -86,7 +85,7 @@ def test_declare_restore_moves_every_sequence_past_the_data_and_new_leases_outra
         assert renewed.generation > old_max_generation
         with pytest.raises(GuardRefused) as refused:  # the worker from before the restore, before any byte
             store.authorize_dispatch(stale, request_digest=inflight.request_digest)
-        assert refused.value.guard in FENCING_GUARDS
+        assert refused.value.guard in store.table.fencing_guards
         assert refused.value.event == "authorize_dispatch"
         assert store.get(inflight.key).attempt_token == renewed.attempt_token
     finally:

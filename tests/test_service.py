@@ -59,11 +59,10 @@ class Echo:
         self.closed = True
 
 
-def kinds(store):
-    t = store.table
+def by_state(store):
     out: dict[str, int] = {}
     for state, n in store.count_by_state().items():
-        out[t.states[state].kind] = out.get(t.states[state].kind, 0) + n
+        out[state] = out.get(state, 0) + n
     return {k: v for k, v in out.items() if v}
 
 
@@ -80,7 +79,7 @@ def test_run_until_idle_publishes_everything_once_and_reports_it(store):
     keys = {outbox.submit("acct", "post", "room", {"text": f"hello {i}"}).key for i in range(12)}
     report = outbox.run(until_idle=True, timeout=30)
     assert report.idle and not outbox.running
-    assert kinds(store) == {"terminal": 12}
+    assert by_state(store) == {"published": 12}
     assert all(len(platform.by_key[k]) == 1 for k in keys)  # every unknown send settled by lookup, none resent
     assert report.dispatched == {"send.unknown": 12}
     assert report.reconciled == {"lookup.found": 12}
@@ -110,7 +109,7 @@ def test_an_intent_that_waits_for_a_person_does_not_keep_the_run_from_being_idle
     assert store.get(gated.key).state == store.table.initial
     store.approve(gated.key, approver="alice", expires_in=600)
     assert outbox.run(until_idle=True, timeout=30).idle
-    assert kinds(store) == {"terminal": 2}
+    assert by_state(store) == {"published": 2}
 
 
 def test_run_without_until_idle_runs_to_its_timeout():
@@ -133,7 +132,7 @@ def test_start_and_stop_in_the_background():
         time.sleep(0.02)
     report = outbox.stop()
     assert not outbox.running and report.dispatched == {"read_back.match": 1}
-    assert store.table.states[store.get(key).state].kind == "terminal"
+    assert store.get(key).state == "published"
 
 
 def test_stop_finishes_the_send_in_flight_and_records_its_outcome():
@@ -143,7 +142,7 @@ def test_stop_finishes_the_send_in_flight_and_records_its_outcome():
     key = outbox.submit("acct", "post", "room", {"text": "slow"}).key
     outbox.start()
     assert platform.entered.wait(10)  # authorized, bytes on their way
-    assert store.table.states[store.get(key).state].kind == "in_flight"
+    assert store.get(key).state == "authorized"
     done: list = []
     stopper = threading.Thread(target=lambda: done.append(outbox.stop()))
     stopper.start()
@@ -152,7 +151,7 @@ def test_stop_finishes_the_send_in_flight_and_records_its_outcome():
     gate.set()
     stopper.join(10)
     assert done and done[0].still_running == 0 and done[0].dispatched == {"read_back.match": 1}
-    assert store.table.states[store.get(key).state].kind == "terminal"
+    assert store.get(key).state == "published"
     assert len(platform.by_key[key]) == 1
 
 
@@ -200,7 +199,7 @@ def test_the_service_outlives_a_database_outage_with_backoff():
     assert all(isinstance(e, StoreError) for e in errors)
     # backoff: far fewer refused calls than a tight loop over 0.5 s would make
     assert flaky.calls_refused < 200
-    assert all(real.table.states[real.get(k).state].kind == "terminal" for k in keys)
+    assert all(real.get(k).state == "published" for k in keys)
 
 
 def test_bad_arguments_are_refused():

@@ -46,6 +46,17 @@ def _cite(source: str) -> str:
     return _DESIGN_CITATION.sub(lambda m: f"[design.md#{m[1]}](design.md#{m[1]})", source)
 
 
+def _retried_from(t: Table) -> set[str]:
+    """States a machine event moves back to the initial state from (``failed``: the only retryable one)."""
+    return {
+        s
+        for e in t.events.values()
+        if e.target == t.initial and not t.actors[e.actor].human
+        for s in e.sources
+        if s != t.initial
+    }
+
+
 def _md_table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
@@ -64,13 +75,11 @@ def render_state_machine(t: Table | None = None) -> str:
         _mermaid(t),
         "## States and the retryable-versus-terminal table",
         _md_table(
-            ["state", "kind", "what the machine does", "retryable", "terminal", "meaning", "source"],
+            ["state", "retryable", "terminal", "meaning", "source"],
             [
                 [
                     f"`{s.name}`",
-                    s.kind,
-                    s.disposition,
-                    "yes" if s.retryable else "no",
+                    "yes" if s.name in _retried_from(t) else "no",
                     "yes" if s.terminal else "no",
                     s.meaning,
                     _cite(s.seed),
@@ -78,6 +87,7 @@ def render_state_machine(t: Table | None = None) -> str:
                 for s in t.states.values()
             ],
         ),
+        "retryable: a machine event moves an intent from it back to the initial state (read from the events).",
         "Only `failed` is retryable: it is the one outcome that proves nothing left. A block at publish time "
         '(`block_at_gate`) ends in `parked`, which only a human leaves, so a plan of "let it block, fix it, '
         "retry\" does not work: parked items need an operator's `resend` or `resolve`.",
@@ -104,7 +114,9 @@ def render_state_machine(t: Table | None = None) -> str:
             ["guard", "meaning", "used by", "source"],
             [
                 [
-                    f"`{g.name}`" + (" (proof of absence)" if g.proof_of_absence else ""),
+                    f"`{g.name}`"
+                    + (" (proof of absence)" if g.proof_of_absence else "")
+                    + (" (fencing: refusal recorded)" if g.fencing else ""),
                     g.meaning,
                     ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards),
                     _cite(g.seed),
@@ -117,7 +129,12 @@ def render_state_machine(t: Table | None = None) -> str:
         _md_table(
             ["outcome", "recorded by", "lands in", "meaning"],
             [
-                [f"`{o.name}`", f"`{o.event}`" if o.event else "(no move)", f"`{o.state}`", o.meaning]
+                [
+                    f"`{o.name}`" + (" (waits, timed)" if o.timed else " (waits)" if o.waiting else ""),
+                    f"`{o.event}`" if o.event else "(no move)",
+                    f"`{o.state}`",
+                    o.meaning,
+                ]
                 for o in t.outcomes.values()
             ],
         ),
@@ -135,7 +152,7 @@ def _machine_tables(m: Table) -> list[str]:
         _mermaid(m),
         _md_table(
             ["state", "kind", "meaning", "source"],
-            [[f"`{s.name}`", s.kind, s.meaning, _cite(s.seed)] for s in m.states.values()],
+            [[f"`{s.name}`", s.kind or "-", s.meaning, _cite(s.seed)] for s in m.states.values()],
         ),
         _md_table(
             ["event", "actor", "from", "to", "guards (all must hold)", "effects", "source"],

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from atmostonce.identity import split_platform_idempotency_key
+from atmostonce.names import STATE
 from atmostonce.plugins import open_store as open_store_url
 from atmostonce.runtime import CRASH_POINTS, RuntimeConfig, SimulatedCrash
 from atmostonce.service import Outbox, OutboxReport
@@ -159,7 +160,7 @@ def run_demo(
         outcomes = (
             report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
         )
-        open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+        open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
         counts = store.count_by_state()
         finished = all(counts[s] == 0 for s in open_kinds)
         if progress is not None:
@@ -173,8 +174,8 @@ def run_demo(
             if isinstance(dk, str) and dk
         }
         finals = {k: store.get(k) for k in keys}
-        missing = sum(1 for it in finals.values() if it.state == "published" and it.key not in on_platform)
-        parked_on_platform = sum(1 for it in finals.values() if it.state == "parked" and it.key in on_platform)
+        missing = sum(1 for it in finals.values() if it.state == STATE.published and it.key not in on_platform)
+        parked_on_platform = sum(1 for it in finals.values() if it.state == STATE.parked and it.key in on_platform)
         result = DemoResult(
             intents=len(keys),
             by_state=counts,

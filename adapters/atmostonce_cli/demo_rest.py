@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from atmostonce.errors import Rejected
 from atmostonce.identity import split_platform_idempotency_key
+from atmostonce.names import STATE
 from atmostonce.plugins import open_store as open_store_url
 from atmostonce.runtime import Dispatcher, Reconciler, SimulatedCrash, Sweeper, Worker
 from atmostonce_http._pointer import pointer_get
@@ -146,7 +147,7 @@ def _run(
             for t in threads:
                 t.start()
             sweeper, reconciler = Sweeper(store, config), Reconciler(store, transport, config)
-            open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
             finished, last = False, 0.0
             while time.monotonic() - started < timeout:
                 time.sleep(0.1)
@@ -176,8 +177,8 @@ def _run(
             if isinstance(platform_key, str) and platform_key:
                 by_key[split_platform_idempotency_key(platform_key)[0]] += 1
         finals = {k: store.get(k) for k in keys}
-        published = store.table.states_of_kind("terminal")
-        human_owned = store.table.states_of_kind("human_owned")
+        published = (STATE.published,)
+        human_owned = (STATE.parked,)
         return RestDemoResult(
             intents=len(keys),
             by_state=counts,

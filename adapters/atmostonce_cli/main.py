@@ -26,6 +26,7 @@ from atmostonce.errors import (
     SequenceBehind,
     StoreError,
 )
+from atmostonce.names import ACTOR, EVENT, STATE
 from atmostonce.plugins import DEFAULT_URL, scheme_of
 from atmostonce.plugins import open_store as open_store_url
 from atmostonce.protocols import OperatorStore, Store
@@ -324,12 +325,13 @@ def _platform(args):
 
 
 def cmd_work(args) -> int:
-    from atmostonce.runtime import RETRACT_UNSUPPORTED, Dispatcher, Reconciler, Sweeper
+    from atmostonce.names import OUTCOME
+    from atmostonce.runtime import Dispatcher, Reconciler, Sweeper
 
     profile = _profile(args)
     store, transport, runtime = _store(args), profile.http_transport(), profile.runtime_config()
     counts: dict[str, Any] = {}
-    unknown = store.table.states_of_kind("unknown")
+    unknown = (STATE.indeterminate,)
     left_unknown: dict[str, str] = {}  # key -> the outcome of its send that left it unknown
     cannot_retract: list[str] = []  # retractions this transport cannot carry: they would wait for ever
     try:
@@ -341,7 +343,7 @@ def cmd_work(args) -> int:
             except Rejected as exc:
                 name = f"refused:{exc.event}:{exc.guard}"
             counts[name] = counts.get(name, 0) + 1
-            if name == RETRACT_UNSUPPORTED:
+            if name == OUTCOME.retract_unsupported:
                 cannot_retract.append(key)
             outcome = store.table.outcomes.get(name)
             if outcome is not None and outcome.state in unknown:
@@ -351,7 +353,7 @@ def cmd_work(args) -> int:
     finally:
         transport.close()
     # a send whose outcome stayed unknown after this pass's reconciliation needs looking at: name it, exit 3
-    settled = store.table.states_of_kind("terminal", "retryable", "initial")
+    settled = (STATE.published, STATE.failed, STATE.pending)
     unsettled = [
         {"key": key, "outcome": name, "state": st}
         for key, name in left_unknown.items()
@@ -365,9 +367,9 @@ def cmd_work(args) -> int:
             for u in unsettled
         )
     if cannot_retract:
-        counts["cannot_retract"] = [{"key": k, "outcome": RETRACT_UNSUPPORTED} for k in cannot_retract]
+        counts["cannot_retract"] = [{"key": k, "outcome": OUTCOME.retract_unsupported} for k in cannot_retract]
         text += "".join(
-            f"\n{k}  {RETRACT_UNSUPPORTED}: this platform config cannot delete or update; it stays queued "
+            f"\n{k}  {OUTCOME.retract_unsupported}: this platform config cannot delete or update; it stays queued "
             f"(atmostonce park {k[:16]} --operator NAME to stop it)"
             for k in cannot_retract
         )
@@ -453,7 +455,7 @@ def _published_evidence(args, store: OperatorStore, key: str) -> dict[str, Any]:
         return asserted | {"why": "the operator passed --unverified"}
     if not args.platform_config:
         return asserted | {"why": "no --platform-config to read it back"}
-    if store.get(key).state not in store.table.sources("resolve_published"):
+    if store.get(key).state not in store.table.sources(EVENT.resolve_published):
         return {}  # the move will be refused by its source state (with its hint): read nothing back
     transport = _platform(args)
     try:
@@ -800,7 +802,7 @@ def _claim_row(e) -> dict[str, Any]:
             "seq": e.seq,
             "kind": "refused",
             "event": f"{e.event} ({e.guard})",
-            "actor": f"worker:{owner}" if owner else "worker",
+            "actor": f"{ACTOR.worker}:{owner}" if owner else ACTOR.worker,
             "from": e.current.get("state", "-"),
             "to": "-",
             "epoch": f"{e.presented.get('claim_epoch')} (current {e.current.get('epoch')})",
@@ -812,7 +814,7 @@ def _claim_row(e) -> dict[str, Any]:
         "seq": e.seq,
         "kind": e.machine,
         "event": e.event,
-        "actor": f"{e.actor}:{owner}" if owner and e.actor == "worker" else e.actor,
+        "actor": f"{e.actor}:{owner}" if owner and e.actor == ACTOR.worker else e.actor,
         "from": e.from_state or "-",
         "to": e.to_state,
         "epoch": e.epoch if e.epoch is not None else "-",

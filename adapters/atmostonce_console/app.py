@@ -35,6 +35,7 @@ from atmostonce.errors import (
     RetractionUnsupported,
     StoreError,
 )
+from atmostonce.names import STATE
 from atmostonce.protocols import OperatorStore
 from atmostonce.records import check_text
 from atmostonce.table import machine
@@ -262,7 +263,7 @@ def create_app(
             actions=actions_for(t, it),
             labels=ACTIONS,
             can_verify=platform is not None,
-            published=it.state in t.states_of_kind("terminal") and it.remote_id is not None,
+            published=it.state in (STATE.published,) and it.remote_id is not None,
             is_initial=it.state == t.initial,
         )
 
@@ -349,7 +350,7 @@ def create_app(
             return v or None
 
         return {
-            "state": opt("state") or t.states_of_kind("human_owned")[0],
+            "state": opt("state") or (STATE.parked,)[0],
             "account": opt("account"),
             "kind": opt("kind"),
             "target": opt("target"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from atmostonce.names import STATE
 from atmostonce.protocols import OperatorStore
 from atmostonce.records import Intent
 from atmostonce.table import machine
@@ -83,16 +84,16 @@ def build_queue(store: OperatorStore, *, limit: int = 500) -> tuple[list[QueueIt
     def add(it: Intent, category: str, **detail: Any) -> None:
         items.append(QueueItem(it, category, why(store, it), max(0.0, now - it.updated_at), actions_for(t, it), detail))
 
-    for state in t.states_of_kind("unknown"):
+    for state in (STATE.indeterminate,):
         for it in listed(state):
             if it.reconcile_count > 0:
                 add(it, "unknown after reconciliation", looks=f"{it.reconcile_count}/{it.max_reconciles}")
             else:
                 notes["waiting_for_first_look"] += 1
-    for state in t.states_of_kind("human_owned"):
+    for state in (STATE.parked,):
         for it in listed(state):
             add(it, "parked")
-    for state in t.states_of_kind("retryable"):
+    for state in (STATE.failed,):
         for it in listed(state):
             if it.attempt_count >= it.max_attempts:
                 add(it, "failed at the attempt cap", attempts=f"{it.attempt_count}/{it.max_attempts}")
@@ -101,7 +102,7 @@ def build_queue(store: OperatorStore, *, limit: int = 500) -> tuple[list[QueueIt
     uncertain = set(claim_t.states_of_kind("uncertain"))
     live = set(approval_t.states_of_kind("live"))
     seen_targets: set[str] = set()
-    for state in t.states_of_kind("unknown", "human_owned"):  # where an uncertain claim's intent is
+    for state in (STATE.indeterminate, STATE.parked):  # where an uncertain claim's intent is
         for it in listed(state):
             if not it.requires_approval or it.target in seen_targets:
                 continue

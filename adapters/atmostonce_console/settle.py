@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from atmostonce.errors import IntakeError, Rejected, StoreError
+from atmostonce.errors import SOURCE_STATE, IntakeError, Rejected, StoreError
 from atmostonce.protocols import OperatorStore
 from atmostonce.records import Intent, check_text
 
@@ -90,7 +90,7 @@ def would(store: OperatorStore, intents: Iterable[Intent], as_: str) -> list[dic
 def next_moves(table, exc: Rejected) -> list[dict[str, Any]]:
     """For a move refused by its source state: the operator's moves, from the table, that take the intent from
     where it is to a state the refused move starts from (``park`` before ``resolve_not_sent``)."""
-    if exc.guard != "source_state" or exc.state is None or exc.event not in table.events:
+    if exc.guard != SOURCE_STATE or exc.state is None or exc.event not in table.events:
         return []
     wanted = table.sources(exc.event)
     return [
@@ -106,7 +106,7 @@ def refusal_doc(table, exc: Rejected) -> dict[str, Any]:
     guard = table.guards.get(exc.guard)
     if guard is not None:
         meaning = guard.meaning
-    elif exc.guard == "source_state" and exc.event in table.events:
+    elif exc.guard == SOURCE_STATE and exc.event in table.events:
         meaning = f"{exc.event} starts only from {', '.join(table.sources(exc.event))}"
     else:
         meaning = exc.detail or exc.guard

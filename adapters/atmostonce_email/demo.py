@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from atmostonce.identity import split_platform_idempotency_key
+from atmostonce.names import STATE
 from atmostonce.plugins import open_store
 from atmostonce.service import Outbox, OutboxReport
 from atmostonce_cli.demo import DemoResult, _Crasher, _progress, format_result
@@ -165,7 +166,7 @@ def _run(
             outcomes = (
                 report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
             )
-            open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
             finished = all(c == 0 for s, c in store.count_by_state().items() if s in open_kinds)
             relay.clear()
         records = list(relay.records)
@@ -180,8 +181,8 @@ def _run(
         if message_id.startswith("<") and message_id.endswith(suffix):
             by_key[split_platform_idempotency_key(message_id[1 : -len(suffix)])[0]] += count
     finals = {k: store.get(k) for k in keys}
-    published = store.table.states_of_kind("terminal")
-    human_owned = store.table.states_of_kind("human_owned")
+    published = (STATE.published,)
+    human_owned = (STATE.parked,)
     faults = Counter(r.mode for r in records if r.mode != "pass")
     return EmailDemoResult(
         intents=len(keys),

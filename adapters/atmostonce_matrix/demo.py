@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from atmostonce.names import STATE
 from atmostonce.plugins import open_store
 from atmostonce.runtime import RuntimeConfig
 from atmostonce.service import Outbox, OutboxReport
@@ -162,7 +163,7 @@ def _run(
             outcomes = (
                 report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
             )
-            open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
             finished = all(n == 0 for s, n in store.count_by_state().items() if s in open_kinds)
             proxy.clear()
             proxy.wait_idle(timeout=delay_seconds + 10)  # a delayed send still in the proxy lands before we count

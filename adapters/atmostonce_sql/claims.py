@@ -29,7 +29,7 @@ from atmostonce.claims import (
     claim_superseding_move,
     pick_reserve_event,
 )
-from atmostonce.errors import GuardRefused, IllegalMove, Rejected, UnknownIntent
+from atmostonce.errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
 from atmostonce.records import Approval, Claim, ClaimEntry, OperatorKey, check_limit, check_text
 from atmostonce.signing import SIGNED_FIELDS
 from atmostonce.table import Table
@@ -301,7 +301,7 @@ class SqlClaims:
         if found is None:
             return UnknownIntent(ev.name, subject, "subject_exists", None)
         if found[0] not in ev.sources:
-            return IllegalMove(ev.name, subject, "source_state", found[0])
+            return IllegalMove(ev.name, subject, SOURCE_STATE, found[0])
         for i, g in enumerate(stmts["checked"]):  # the guards this statement evaluates, in table order
             if not found[i + 1]:
                 return GuardRefused(ev.name, subject, g, found[0])
@@ -350,7 +350,7 @@ class SqlClaims:
         with self._tx() as conn:
             it = conn.execute(sa.select(intents.c.target).where(intents.c.key == args["key"])).first()
             if it is None:
-                raise UnknownIntent(ev.name, args["key"], "intent_exists", None)
+                raise UnknownIntent(ev.name, args["key"], INTENT_EXISTS, None)
             self._ensure_claim_row(conn, it[0])
             i, cl = intents.c, claims.c
             x = self._refs("approval", False)

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from atmostonce.names import STATE
 from atmostonce.runtime import backoff_delay
 
 __all__ = ["CHANNEL", "DueListener", "is_due"]
@@ -30,7 +31,7 @@ def is_due(store: Any, payload: str) -> bool:
     """Whether a notification payload can mean an intent is now dispatchable (by the store's tables)."""
     kind, _, state = payload.partition(":")
     if kind == "intent":
-        return state in store.table.states_of_kind("initial")
+        return state in (STATE.pending,)
     if kind == "approval":
         return state == store.approval_table.initial
     return kind == "policy"

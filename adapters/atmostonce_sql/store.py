@@ -37,6 +37,8 @@ from atmostonce.audit import (
 )
 from atmostonce.claims import claim_refusal_recorded
 from atmostonce.errors import (
+    INTENT_EXISTS,
+    SOURCE_STATE,
     AppendOnlyViolation,
     GuardRefused,
     IllegalMove,
@@ -46,6 +48,7 @@ from atmostonce.errors import (
     UnknownIntent,
 )
 from atmostonce.identity import attempt_token, load_canonical
+from atmostonce.names import EVENT, GUARD
 from atmostonce.records import (
     HISTORY_DETAIL,
     Attempt,
@@ -682,7 +685,7 @@ class SqlStore(SqlClaims, Operations):
             # PostgreSQL broke a wait cycle between two conflicting claims (the victim wrote nothing)
             if "aom_text_claims_window" in str(exc) or ("Deadlock" in str(exc) and '"aom_text_claims"' in str(exc)):
                 raise GuardRefused(
-                    ev.name, key, "text_window_clear", None, "refused by the database exclusion"
+                    ev.name, key, GUARD.text_window_clear, None, "refused by the database exclusion"
                 ) from exc
             raise
 
@@ -735,7 +738,7 @@ class SqlStore(SqlClaims, Operations):
             return
         restart = sa.or_(r.window_start.is_(None), r.window_start + r.window_seconds <= self._now)
         where = [r.account == row["account"]]
-        if "rate_limit_clear" not in self._disabled_guards:
+        if GUARD.rate_limit_clear not in self._disabled_guards:
             where.append(sa.not_(window_full(r, self._now)))
         moved = conn.execute(
             sa.update(rate_limits)
@@ -747,7 +750,7 @@ class SqlStore(SqlClaims, Operations):
             .returning(r.account)
         ).first()
         if moved is None:
-            raise GuardRefused(ev.name, row["key"], "rate_limit_clear", row["prev_state"])
+            raise GuardRefused(ev.name, row["key"], GUARD.rate_limit_clear, row["prev_state"])
 
     def _compiled(self, stmts: dict[str, Any], name: str) -> tuple[Any, str, dict[str, Any]]:
         """A cached statement compiled once: the compiled object, its SQL and its bind processors."""
@@ -1026,9 +1029,9 @@ class SqlStore(SqlClaims, Operations):
         """Name what refused a zero-row write; ``None`` when the intent needs its coupled claim move."""
         row = conn.execute(self._statements(ev)["diagnose"], params).first()
         if row is None:
-            return UnknownIntent(ev.name, key, "intent_exists", None)
+            return UnknownIntent(ev.name, key, INTENT_EXISTS, None)
         if row[0] not in ev.sources:
-            return IllegalMove(ev.name, key, "source_state", row[0])
+            return IllegalMove(ev.name, key, SOURCE_STATE, row[0])
         for i, g in enumerate(self._statements(ev)["checked"]):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
@@ -1245,7 +1248,7 @@ class SqlStore(SqlClaims, Operations):
     def _declare_restore_in(self, conn: Connection, who: str, reason: str | None) -> tuple[int, int]:
         """:meth:`_declare_restore`'s work inside the caller's transaction (also the ``async`` HA mode's fence of a
         failover, whose history rows say so in ``reason``)."""
-        ev = self.table.event("restore_fence")
+        ev = self.table.event(EVENT.restore_fence)
         stmts = self._statements(ev, coupled=True)
         fenced = 0
         resync_sequences(conn)
@@ -1371,7 +1374,7 @@ class SqlStore(SqlClaims, Operations):
     def get(self, key: str) -> Intent:
         it = self.find(key)
         if it is None:
-            raise UnknownIntent("get", key, "intent_exists", None)
+            raise UnknownIntent("get", key, INTENT_EXISTS, None)
         return it
 
     def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:

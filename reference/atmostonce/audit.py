@@ -325,7 +325,11 @@ def verify_store(store: AuditStore, keys: Iterable[str] | None = None) -> AuditR
 RECONCILIATION_RESULTS = ("unknown", "confirmed", "failed")
 """What a reconciliation record can say of a send; only evidence moves it off ``unknown``."""
 
-_RESULT_BY_DISPOSITION = {"awaiting_evidence": "unknown", "done": "confirmed", "retryable": "failed"}
+
+def _result_by_state(table: Any) -> dict[str, str]:
+    """What landing in a state says of a send: still unknown, the object exists, or proved not sent."""
+    s = table.names.state
+    return {s.indeterminate: "unknown", s.published: "confirmed", s.failed: "failed"}
 
 
 def reconciliation_step(table: Any, event: str) -> tuple[str, str] | None:
@@ -341,19 +345,14 @@ def reconciliation_step(table: Any, event: str) -> tuple[str, str] | None:
     * ``None``: the move says nothing about a send (a refusal writes nothing at all).
     """
     ev = table.event(event)
-    target = table.states[ev.target]
-    if target.kind == "unknown" and ev.target not in ev.sources:
+    if ev.target == table.names.state.indeterminate and ev.target not in ev.sources:
         return ("open", "unknown")
-    result = _RESULT_BY_DISPOSITION.get(target.disposition)
+    result = _result_by_state(table).get(ev.target)
     if result is None:
         return None
-    if "count_reconcile" in ev.effects:
+    if table.names.effect.count_reconcile in ev.effects:
         return ("lookup", result)
-    if (
-        table.actors[ev.actor].human
-        and result != "unknown"
-        and any(table.states[s].kind == "human_owned" for s in ev.sources)
-    ):
+    if table.actors[ev.actor].human and result != "unknown" and table.names.state.parked in ev.sources:
         return ("settle", result)
     return None
 

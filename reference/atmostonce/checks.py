@@ -97,18 +97,14 @@ def terminals_have_no_machine_exits(t: Table) -> list[str]:
 
 
 def only_retry_reenters_initial(t: Table) -> list[str]:
-    """The only machine edge into the initial state from another state leaves the retryable state."""
-    retryable = set(t.retryable_states)
+    """The only machine edge into the initial state from another state leaves ``failed`` (definitively not
+    sent: the only state an automatic retry may leave)."""
+    failed = t.names.state.failed
     out = []
-    if len(retryable) != 1:
-        out.append(f"expected exactly one retryable state, found {sorted(retryable)}")
-    for s in retryable:
-        if t.states[s].kind != "retryable":
-            out.append(f"retryable state {s!r} is not of kind 'retryable'")
     edges = [(e, s) for e in _machine_events(t) if e.target == t.initial for s in e.sources if s != t.initial]
     for e, s in edges:
-        if s not in retryable:
-            out.append(f"machine event {e.name} re-enters {t.initial!r} from non-retryable {s!r}")
+        if s != failed:
+            out.append(f"machine event {e.name} re-enters {t.initial!r} from {s!r}, not {failed!r}")
     if len({e.name for e, _ in edges}) > 1:
         out.append(f"more than one machine event re-enters {t.initial!r}: {sorted({e.name for e, _ in edges})}")
     return out
@@ -120,10 +116,10 @@ def unknown_never_resent_by_machine(t: Table) -> list[str]:
     An edge guarded by a ``proof_of_absence`` guard (a fenced lookup that proves
     nothing landed, docs/design.md#a-fence-is-a-tombstone) carries evidence and is allowed to pass.
     """
-    bad_targets = set(t.states_of_kind("initial", "in_flight"))
+    bad_targets = {t.initial, t.names.state.authorized}
     proof = {g.name for g in t.guards.values() if g.proof_of_absence}
     out = []
-    for start in t.states_of_kind("unknown"):
+    for start in (t.names.state.indeterminate,):
         seen, todo = {start}, deque([(start, (start,))])
         while todo:
             s, path = todo.popleft()
@@ -139,9 +135,10 @@ def unknown_never_resent_by_machine(t: Table) -> list[str]:
 
 
 def refusals_that_wait_leave_the_intent_queued(t: Table) -> list[str]:
-    """A guard whose refusal is a wait names an outcome that keeps the intent in the initial state and
+    """A guard whose refusal is a wait names a waiting outcome that keeps the intent in the initial state and
     moves nothing, and is not also a policy gate (whose refusal parks the intent). The same holds for the
-    outcome a guard checked before ``begin`` reports (``before_begin``): nothing was begun."""
+    outcome a guard checked before ``begin`` reports (``before_begin``): nothing was begun. Every waiting
+    outcome (``waiting = true``) likewise moves nothing and leaves the intent queued; a ``timed`` one is waiting."""
     out = []
     for g in t.guards.values():
         for what, name in (("refusal outcome", g.refusal_outcome), ("before-begin outcome", g.before_begin)):
@@ -150,11 +147,29 @@ def refusals_that_wait_leave_the_intent_queued(t: Table) -> list[str]:
             o = t.outcomes.get(name)
             if o is None:
                 out.append(f"guard {g.name}: {what} {name!r} is not declared")
-            elif o.state != t.initial or o.event is not None:
-                out.append(f"guard {g.name}: {what} {o.name} does not leave the intent queued in {t.initial!r}")
+            elif not o.waiting:
+                out.append(f"guard {g.name}: {what} {o.name} is not a waiting outcome")
         if g.refusal_outcome is not None and g.policy:
             out.append(f"guard {g.name}: a policy gate's refusal parks the intent; it cannot also be a wait")
+    for o in t.outcomes.values():
+        if o.waiting and (o.state != t.initial or o.event is not None):
+            out.append(f"waiting outcome {o.name} does not leave the intent queued in {t.initial!r}")
+        if o.timed and not o.waiting:
+            out.append(f"outcome {o.name} is timed but not waiting")
     return out
+
+
+def stale_writers_are_fenced(t: Table) -> list[str]:
+    """Every machine event into or out of the in-flight state, and out of the unknown state, carries a
+    ``fencing`` guard: a worker or maintenance pass acting on a superseded lease or plan is refused, and the
+    refusal is recorded with what it presented (docs/design.md#leases-fencing-and-the-database-clock)."""
+    fencing = set(t.fencing_guards)
+    in_flight, unknown = t.names.state.authorized, t.names.state.indeterminate
+    return [
+        f"machine event {e.name} ({e.actor}) moves {'/'.join(e.sources)} -> {e.target} without a fencing guard"
+        for e in _machine_events(t)
+        if (in_flight in e.sources or e.target == in_flight or unknown in e.sources) and not fencing & set(e.guards)
+    ]
 
 
 CHECKS: dict[str, Callable[[Table], list[str]]] = {
@@ -169,6 +184,7 @@ CHECKS: dict[str, Callable[[Table], list[str]]] = {
         only_retry_reenters_initial,
         unknown_never_resent_by_machine,
         refusals_that_wait_leave_the_intent_queued,
+        stale_writers_are_fenced,
     )
 }
 
@@ -204,7 +220,7 @@ def dispatch_needs_the_claim(intent: Table, machines: dict[str, Table]) -> list[
     claim = machines.get("claim")
     if claim is None:
         return ["no claim machine"]
-    inflight, dispatching = set(intent.states_of_kind("in_flight")), _kinds(claim, "dispatching")
+    inflight, dispatching = {intent.names.state.authorized}, _kinds(claim, "dispatching")
     out = []
     for e in intent.events.values():
         if e.target in inflight and not set(e.sources) <= inflight:
@@ -219,7 +235,7 @@ def in_flight_exits_move_the_claim(intent: Table, machines: dict[str, Table]) ->
     claim = machines.get("claim")
     if claim is None:
         return ["no claim machine"]
-    inflight, dispatching = set(intent.states_of_kind("in_flight")), _kinds(claim, "dispatching")
+    inflight, dispatching = {intent.names.state.authorized}, _kinds(claim, "dispatching")
     out = []
     for e in intent.events.values():
         if set(e.sources) & inflight and e.target not in inflight:
@@ -236,7 +252,7 @@ def queue_exits_release_the_claim(intent: Table, machines: dict[str, Table]) -> 
     claim = machines.get("claim")
     if claim is None:
         return ["no claim machine"]
-    queued, inflight = intent.initial, set(intent.states_of_kind("in_flight"))
+    queued, inflight = intent.initial, {intent.names.state.authorized}
     held = _kinds(claim, "pre_dispatch")
     out = []
     for e in intent.events.values():
@@ -255,10 +271,10 @@ def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Tab
     claim = machines.get("claim")
     if claim is None:
         return ["no claim machine"]
-    from .claims import settled_dispositions
+    from .claims import settled_states
 
     hot, cold = _kinds(claim, "dispatching", "uncertain"), _kinds(claim, "free", "pre_dispatch")
-    settled = set(settled_dispositions(intent))
+    settled = set(settled_states(intent))
     out = []
     for e in claim.events.values():
         if claim.actors[e.actor].human or e.target not in cold or not set(e.sources) & hot:

@@ -27,7 +27,17 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .errors import GuardRefused, IllegalMove, IntakeCode, IntakeError, Rejected, UnknownIntent
+from .errors import (
+    INTENT_EXISTS,
+    SOURCE_STATE,
+    GuardRefused,
+    IllegalMove,
+    IntakeCode,
+    IntakeError,
+    Rejected,
+    UnknownIntent,
+)
+from .names import APPROVAL_EVENT, CLAIM_EVENT, CLAIM_GUARD
 from .protocols import StoreCore
 from .records import (
     Approval,
@@ -47,23 +57,15 @@ from .table import Event, Table, machine
 __all__ = [
     "APPROVAL_GUARDS",
     "CLAIM_GUARDS",
-    "CLAIM_FENCING_GUARDS",
     "claim_superseding_move",
     "ClaimOperations",
     "MemoryClaims",
-    "settled_dispositions",
+    "settled_states",
 ]
 
 DETAIL_FIELDS = ("owner", "operator", "approver", "reason", "sig_key_id", "sig_signature")
 """Arguments a claim-history row keeps in its detail: who moved it, why, and (a send under a signed
 approval) the key id and signature the authorization relied on."""
-
-SETTLED_DISPOSITIONS = ("done", "retryable")
-"""Intent dispositions that settle a send: the object exists (done) or proof nothing was sent (retryable)."""
-
-CLAIM_FENCING_GUARDS = ("claim_owner", "bound_to_intent", "source_state")
-"""Refusals recorded with who presented what (docs/design.md#refusals-are-recorded) when the caller presented a claim lease: a stale
-epoch or token, a claim bound to another intent, or a claim that has moved past where the lease was valid."""
 
 
 RESERVE_OR_REPLACE = "<reserve or replace>"
@@ -76,12 +78,19 @@ CoupledMove = tuple[str, str, str, dict[str, Any], dict[str, Any], dict[str, Any
 
 
 def pick_reserve_event(t: Table, state: str | None) -> str:
-    return "replace" if state is not None and state in t.event("replace").sources else "reserve"
+    return (
+        CLAIM_EVENT.replace
+        if state is not None and state in t.event(CLAIM_EVENT.replace).sources
+        else CLAIM_EVENT.reserve
+    )
 
 
 def claim_refusal_recorded(exc: Rejected, args: Mapping[str, Any]) -> bool:
-    """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (docs/design.md#refusals-are-recorded)."""
-    return bool(args.get("claim_token")) and exc.guard in CLAIM_FENCING_GUARDS
+    """Whether a refused claim move is a stale claim lease's, which is recorded with who presented what, not
+    silent (docs/design.md#refusals-are-recorded): the caller presented a claim lease and a ``fencing`` guard of ``spec/claim.toml`` refused
+    (a stale epoch or token, a claim bound to another intent), or the claim has moved past where the lease was
+    valid (:data:`~atmostonce.errors.SOURCE_STATE`)."""
+    return bool(args.get("claim_token")) and (exc.guard in machine("claim").fencing_guards or exc.guard == SOURCE_STATE)
 
 
 def claim_superseding_move(moves: Sequence[tuple[int, int | None]], epoch: Any) -> int | None:
@@ -102,9 +111,10 @@ def claim_superseding_move(moves: Sequence[tuple[int, int | None]], epoch: Any) 
     return same[1] if len(same) > 1 else None
 
 
-def settled_dispositions(t: Table) -> tuple[str, ...]:
-    """The intent states (from the table) whose disposition settles a send."""
-    return tuple(s.name for s in t.states.values() if s.disposition in SETTLED_DISPOSITIONS)
+def settled_states(t: Table) -> tuple[str, ...]:
+    """The intent states that settle a send: the object exists (``published``) or the platform or a person
+    proved nothing was sent (``failed``)."""
+    return (t.names.state.published, t.names.state.failed)
 
 
 def _named(v: Any) -> bool:
@@ -410,7 +420,7 @@ class ClaimOperations:
         """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
         epoch or token, refused (``IllegalMove``) once sending began. docs/design.md#approvals-and-per-target-dispatch-claims, docs/design.md#refusals-are-recorded."""
         args = _claim_lease_args(lease)  # checks the type first
-        return self.core._claim_move("release", check_text("target", lease.target, max_chars=1024), args)
+        return self.core._claim_move(CLAIM_EVENT.release, check_text("target", lease.target, max_chars=1024), args)
 
     def expire_approval(self, approval: Approval) -> Approval:
         """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. docs/design.md#approvals-and-per-target-dispatch-claims."""
@@ -419,7 +429,7 @@ class ClaimOperations:
                 f"expected an Approval, got {type(approval).__name__}", field="approval", code=IntakeCode.WRONG_TYPE
             )
         return self.core._approval_move(
-            "expire_approval", check_text("approval id", approval.approval_id, max_chars=128), {}
+            APPROVAL_EVENT.expire_approval, check_text("approval id", approval.approval_id, max_chars=128), {}
         )
 
     # -- signed approvals (docs/design.md#signed-approvals) ------------------------------------------
@@ -513,7 +523,7 @@ class ClaimOperations:
             "operator": person_name("operator", operator),
             "reason": None if reason is None else _reason(reason),
         }
-        return self.core._approval_move("withdraw_approval", check_text("approval id", approval_id), args)
+        return self.core._approval_move(APPROVAL_EVENT.withdraw_approval, check_text("approval id", approval_id), args)
 
 
 def _expiry(v: Any) -> float:
@@ -566,7 +576,7 @@ class MemoryClaims:
         # every claim row has its target, every approval row its id
         subject: str = row.get("target") if mname == "claim" else row.get("approval_id")  # type: ignore[assignment]
         if row["state"] not in ev.sources:
-            raise IllegalMove(event, subject, "source_state", row["state"])
+            raise IllegalMove(event, subject, SOURCE_STATE, row["state"])
         for g in ev.guards:
             if g in self._disabled_guards:  # type: ignore[attr-defined]
                 continue
@@ -644,7 +654,7 @@ class MemoryClaims:
             now = self.now()  # type: ignore[attr-defined]
             intent = self._rows.get(args["key"])  # type: ignore[attr-defined]
             if intent is None:
-                raise UnknownIntent("approve", args["key"], "intent_exists", None)
+                raise UnknownIntent(APPROVAL_EVENT.approve, args["key"], INTENT_EXISTS, None)
             claim = self._claims.get(intent["target"]) or self._empty_claim(intent["target"], now)
             row = {
                 "approval_id": args["approval_id"],
@@ -771,7 +781,7 @@ class MemoryClaims:
         if aev is not None:
             arow = self._approvals.get(row["approval_id"]) if row["approval_id"] else None
             if arow is None:  # pragma: no cover - approval_usable already refused
-                raise GuardRefused(cev_name, target, "approval_usable", row["state"])
+                raise GuardRefused(cev_name, target, CLAIM_GUARD.approval_usable, row["state"])
             anew = self._aux_step("approval", aev, arow, inputs | {"claim_epoch": row["epoch"]}, now)
             moves.append(("approval", arow["approval_id"], aev, arow, anew, inputs))
         return moves

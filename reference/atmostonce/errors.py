@@ -22,6 +22,8 @@ import enum
 from typing import Any
 
 __all__ = [
+    "INTENT_EXISTS",
+    "SOURCE_STATE",
     "AppendOnlyViolation",
     "AtMostOnceError",
     "GuardRefused",
@@ -36,6 +38,13 @@ __all__ = [
     "StoreError",
     "UnknownIntent",
 ]
+
+
+SOURCE_STATE = "source_state"
+"""The refusal of a move the table does not allow from the row's state (:class:`IllegalMove`): structural, not a
+catalogue guard, so it is named here and not in ``spec/table.toml``."""
+INTENT_EXISTS = "intent_exists"
+"""The refusal of a move on a key no row has (:class:`UnknownIntent`): structural, like :data:`SOURCE_STATE`."""
 
 
 class AtMostOnceError(Exception):

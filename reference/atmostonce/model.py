@@ -28,9 +28,10 @@ from .audit import (
     reconciliation_step,
 )
 from .claims import MemoryClaims
-from .errors import GuardRefused, IllegalMove, Rejected, StoreError, UnknownIntent
+from .errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, StoreError, UnknownIntent
 from .guards import GUARDS
 from .identity import DeliveryKey, attempt_token
+from .names import EVENT
 from .records import (
     HISTORY_DETAIL,
     Attempt,
@@ -214,9 +215,9 @@ class MemoryStore(MemoryClaims, Operations):
         with self._lock:
             row = self._rows.get(key)
             if row is None:
-                raise UnknownIntent(event, key, "intent_exists", None)
+                raise UnknownIntent(event, key, INTENT_EXISTS, None)
             if row["state"] not in ev.sources:
-                raise IllegalMove(event, key, "source_state", row["state"])
+                raise IllegalMove(event, key, SOURCE_STATE, row["state"])
             now = self.now()
             refused = self._refusing_guard(row, args, now, ev.guards)
             if refused is not None:
@@ -617,7 +618,7 @@ class MemoryStore(MemoryClaims, Operations):
         model has no sequences to resync (its counters never go back). The epoch is advanced only once
         every move is known to pass its source state; a move refused by a guard leaves that intent as
         it is, as the SQL stores' conditional writes do."""
-        ev = self.table.event("restore_fence")
+        ev = self.table.event(EVENT.restore_fence)
         with self._lock:
             keys = [it.key for state in ev.sources for it in self.list_intents(state=state, limit=10**9)]
             self.epoch += 1
@@ -625,7 +626,7 @@ class MemoryStore(MemoryClaims, Operations):
             args = {"operator": who, "reason": f"restore epoch {self.epoch}"}
             for key in sorted(keys, key=lambda k: (self._rows[k]["created_at"], k)):
                 try:
-                    self._move("restore_fence", key, args)
+                    self._move(EVENT.restore_fence, key, args)
                     fenced += 1
                 except Rejected:
                     pass
@@ -641,7 +642,7 @@ class MemoryStore(MemoryClaims, Operations):
     def get(self, key: str) -> Intent:
         it = self.find(key)
         if it is None:
-            raise UnknownIntent("get", key, "intent_exists", None)
+            raise UnknownIntent("get", key, INTENT_EXISTS, None)
         return it
 
     def find(self, key: str) -> Intent | None:

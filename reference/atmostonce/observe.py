@@ -33,6 +33,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .names import STATE
+
 if TYPE_CHECKING:
     from .table import Table
 
@@ -189,7 +191,7 @@ def log_refusal(exc: Any) -> None:
 
 def human_owned_states(table: Table) -> tuple[str, ...]:
     """The states whose intents wait for evidence or a person: the table's ``unknown`` and ``human_owned`` kinds."""
-    return table.states_of_kind("unknown", "human_owned")
+    return (STATE.indeterminate, STATE.parked)
 
 
 def _oldest(store: Any) -> dict[str, float | None]:

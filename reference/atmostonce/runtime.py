@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import observe
-from .errors import AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
+from .errors import SOURCE_STATE, AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
 from .identity import canonical_json, request_digest
+from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .protocols import MaintenanceStore, OperatorStore, WorkerStore
 from .records import Intent, Lease, check_limit
 from .store import RETRACTION_PREFIX, retraction_of
+from .table import table as default_table
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
 __all__ = [
@@ -39,8 +41,6 @@ __all__ = [
     "RuntimeConfig",
     "SimulatedCrash",
     "Sweeper",
-    "TIMED_OUTCOMES",
-    "WAITING_OUTCOMES",
     "Worker",
     "backoff_delay",
     "check_retraction",
@@ -56,24 +56,6 @@ RECONCILER_VERSION = 1
 
 CRASH_POINTS = ("after_begin", "after_work", "after_authorize", "after_send", "after_record_success")
 """Step boundaries at which a crash hook may kill a dispatch (the worker just stops)."""
-
-
-WAITING_OUTCOMES = frozenset(
-    {
-        "gate.paused",
-        "gate.stale_source",
-        "gate.awaiting_approval",
-        "gate.rate_limited",
-        "claim.busy",
-        "claim.refused",
-        "retract.unsupported",
-    }
-)
-"""Dispatch outcomes that began nothing: a worker that saw only these waits before it polls again."""
-
-TIMED_OUTCOMES = frozenset({"gate.rate_limited", "claim.busy"})
-"""Waiting outcomes that time resolves (the rate window turns, another dispatch's claim is released or lapses);
-the other :data:`WAITING_OUTCOMES` hold until someone acts (approves, releases a kill switch, captures a source)."""
 
 
 class SimulatedCrash(Exception):
@@ -120,15 +102,12 @@ def read_back_confirms(transport: Transport, wire: WireRequest, rb: Any) -> bool
     return isinstance(rb, Found) and transport.matches(wire, rb)
 
 
-RETRACT_UNSUPPORTED = "retract.unsupported"
-
-
 def retraction_refusal(transport: Transport, action: str) -> str | None:
     """``retract.unsupported`` when ``action`` is a retraction (``delete`` / ``correct``) and ``transport``
     declares it cannot retract (the dispatcher then begins nothing, and the intent would wait in the queue
     for ever); ``None`` when the transport can carry it (or for a ``create``)."""
     if action != "create" and not transport.capabilities.retract:
-        return RETRACT_UNSUPPORTED
+        return OUTCOME.retract_unsupported
     return None
 
 
@@ -140,17 +119,13 @@ def check_retraction(transport: Transport, key: str, action: str) -> None:
         raise RetractionUnsupported(key, action, transport.name, outcome)
 
 
-READ_BACK_MATCH = "read_back.match"
-READ_BACK_UNAVAILABLE = "read_back.unavailable"
-
-
 def read_back_outcome(transport: Transport, wire: WireRequest, rb: Any) -> str:
     """The outcome a read-back gives for ``wire``: ``read_back.match`` when it confirms the request
     (:func:`read_back_confirms`), else ``read_back.differs`` (an object that does not hold what was
     approved) or ``read_back.not_found``."""
     if read_back_confirms(transport, wire, rb):
-        return READ_BACK_MATCH
-    return "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
+        return OUTCOME.read_back_match
+    return OUTCOME.read_back_differs if isinstance(rb, Found) else OUTCOME.read_back_not_found
 
 
 def verify_remote_object(store: OperatorStore, transport: Transport, key: str, remote_id: str) -> dict[str, Any]:
@@ -165,10 +140,10 @@ def verify_remote_object(store: OperatorStore, transport: Transport, key: str, r
     it = store.get(key)
     wire = wire_request(it)
     if not transport.capabilities.read_back:
-        raise NotVerified(it.key, remote_id, READ_BACK_UNAVAILABLE)
+        raise NotVerified(it.key, remote_id, OUTCOME.read_back_unavailable)
     rb = transport.read_back(remote_id)
     outcome = read_back_outcome(transport, wire, rb)
-    if outcome != READ_BACK_MATCH:
+    if outcome != OUTCOME.read_back_match:
         raise NotVerified(it.key, remote_id, outcome, read_back_evidence(transport, wire, rb))
     return {"verified": True, "read_back": outcome, "remote_id": remote_id}
 
@@ -250,7 +225,7 @@ class Dispatcher:
         writing (``Store.check``, the same predicates and SQL fragments as the move). Returns the outcome
         the table names for the first that refuses (the intent stays queued), or ``None``."""
         gates = self.store.table.before_begin_guards
-        refused = self.store.check("authorize_dispatch", intent.key, guards=tuple(gates))
+        refused = self.store.check(EVENT.authorize_dispatch, intent.key, guards=tuple(gates))
         return None if refused is None else gates.get(refused)
 
     def dispatch(self, key: str) -> str:
@@ -287,7 +262,7 @@ class Dispatcher:
                 )
         except GuardRefused as exc:
             table = self.store.table
-            if exc.event != "begin" and (exc.guard in table.policy_guards or exc.guard in table.waiting_guards):
+            if exc.event != EVENT.begin and (exc.guard in table.policy_guards or exc.guard in table.waiting_guards):
                 # rolled back, nothing begun: the step-by-step path names the stop (paused, rate
                 # limited, stale source) or blocks at the gate, exactly as it always has
                 return self._dispatch_stepwise(self.store.get(before.key))
@@ -307,14 +282,14 @@ class Dispatcher:
         assert isinstance(result, Sent), result
         kw: dict[str, Any] = {}
         if not self.transport.capabilities.read_back:
-            outcome = READ_BACK_UNAVAILABLE
-            kw["reason"] = READ_BACK_UNAVAILABLE
+            outcome = OUTCOME.read_back_unavailable
+            kw["reason"] = OUTCOME.read_back_unavailable
         else:
             with observe.span("read_back", key=before.key, transport=self.transport.name) as sp:
                 rb = self.transport.read_back(result.remote_id)
                 outcome = read_back_outcome(self.transport, wire, rb)
                 observe.set_outcome(sp, outcome)
-            if outcome != READ_BACK_MATCH:
+            if outcome != OUTCOME.read_back_match:
                 kw = {"reason": outcome, "evidence": read_back_evidence(self.transport, wire, rb)}
         try:
             self.store.record_sent(
@@ -358,7 +333,7 @@ class Dispatcher:
                 verified = [a for a in usable if self.store.verified_signature_args(a)]
                 usable = verified or usable
             if not usable:
-                return "gate.awaiting_approval"
+                return OUTCOME.gate_awaiting_approval
             try:
                 claim = self.store.reserve_claim(
                     key,
@@ -368,7 +343,11 @@ class Dispatcher:
                     lease_seconds=self.config.lease_seconds,
                 )
             except Rejected as exc:
-                return "claim.busy" if exc.guard in ("claim_lease_expired", "source_state") else "claim.refused"
+                return (
+                    OUTCOME.claim_busy
+                    if exc.guard in (CLAIM_GUARD.claim_lease_expired, SOURCE_STATE)
+                    else OUTCOME.claim_refused
+                )
         try:
             lease = self.store.begin(key, lease_seconds=self.config.lease_seconds)
         except Rejected:
@@ -394,11 +373,11 @@ class Dispatcher:
                 )
         except Rejected as exc:
             machines = set(self.store.claim_table.events) | set(self.store.approval_table.events)
-            if claim is not None and exc.event in machines and exc.guard != "claim_owner":
+            if claim is not None and exc.event in machines and exc.guard != CLAIM_GUARD.claim_owner:
                 # the approval lapsed or was withdrawn, or the target moved on, since the reservation:
                 # nothing was sent; the intent stays queued (its attempt is settled by the sweeper)
                 self._give_back(claim)
-                return "claim.refused"
+                return OUTCOME.claim_refused
             waits = self.store.table.waiting_guards.get(exc.guard)
             if waits is not None:
                 self._give_back(claim)
@@ -409,7 +388,7 @@ class Dispatcher:
                 raise  # a stale worker: nothing to record, the sweeper settles the lease
             # a policy gate refused at publish time: terminal and human-owned (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract)
             self.store.block_at_gate(lease, reason=f"gate.blocked:{exc.guard}")
-            return "gate.blocked"
+            return OUTCOME.gate_blocked
         self._point("after_authorize")
         result = self._send(wire)
         self._point("after_send")
@@ -423,13 +402,13 @@ class Dispatcher:
         if not self.transport.capabilities.read_back:
             # no way to look at the object: the platform's answer alone is not proof, so the send is
             # unknown and reconciliation (a lookup by key) or a person settles it
-            self._record(READ_BACK_UNAVAILABLE, lease, reason=READ_BACK_UNAVAILABLE)
-            return READ_BACK_UNAVAILABLE
+            self._record(OUTCOME.read_back_unavailable, lease, reason=OUTCOME.read_back_unavailable)
+            return OUTCOME.read_back_unavailable
         with observe.span("read_back", key=key, transport=self.transport.name) as sp:
             rb = self.transport.read_back(result.remote_id)
             reason = read_back_outcome(self.transport, wire, rb)
             observe.set_outcome(sp, reason)
-        if reason == READ_BACK_MATCH:
+        if reason == OUTCOME.read_back_match:
             self._record(reason, lease)
             return reason
         self._record(reason, lease, reason=reason, evidence=read_back_evidence(self.transport, wire, rb))
@@ -489,13 +468,13 @@ class Sweeper:
         table = self.store.table
         for it in self.store.due_leases(self.config.sweep_batch):
             # the table names the sweeper's lease-expiry move for the intent's state
-            events = [e for e in table.events.values() if e.actor == "sweeper" and it.state in e.sources]
+            events = [e for e in table.events.values() if e.actor == ACTOR.sweeper and it.state in e.sources]
             if len(events) != 1:
                 out["skipped"] += 1
                 continue
             try:
                 getattr(self.store, events[0].name)(it)
-                out["expired" if table.states[events[0].target].kind == "unknown" else "abandoned"] += 1
+                out["expired" if events[0].target == STATE.indeterminate else "abandoned"] += 1
             except Rejected:
                 out["skipped"] += 1
         return out
@@ -504,7 +483,7 @@ class Sweeper:
         """Re-queue up to ``limit`` (default ``retries_per_tick``) failed intents; park exhausted ones."""
         budget = self.config.retries_per_tick if limit is None else limit
         out = {"retried": 0, "exhausted": 0, "skipped": 0}
-        for state in self.store.table.retryable_states:
+        for state in (STATE.failed,):
             for it in self.store.list_intents(state=state, limit=budget):
                 if out["retried"] >= budget:
                     return out
@@ -571,11 +550,11 @@ class Reconciler:
         plan = it.plan
         caps = self.transport.capabilities
         if self._drifted(it):
-            self.store.park_unreconcilable(plan, reason="reconcile.descriptor_drift")
-            return "reconcile.descriptor_drift"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.reconcile_descriptor_drift)
+            return OUTCOME.reconcile_descriptor_drift
         if it.reconcile_count >= it.max_reconciles:
-            self.store.park_unreconcilable(plan, reason="reconcile.budget_spent")
-            return "reconcile.budget_spent"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.reconcile_budget_spent)
+            return OUTCOME.reconcile_budget_spent
         wire = wire_request(it)
         object_id = it.remote_id if it.remote_id is not None else wire.object_id  # a retraction acts on a known object
         if (
@@ -586,42 +565,46 @@ class Reconciler:
             rb = self.transport.read_back(object_id)
             if read_back_confirms(self.transport, wire, rb):
                 self.store.reconcile_found(plan, remote_id=object_id)
-                return "lookup.found"
+                return OUTCOME.lookup_found
             self.store.reconcile_not_found(plan)
-            return "lookup.differs" if isinstance(rb, Found) and wire.action != "delete" else "lookup.not_found"
+            return (
+                OUTCOME.lookup_differs
+                if isinstance(rb, Found) and wire.action != "delete"
+                else OUTCOME.lookup_not_found
+            )
         if wire.action != "create":  # a key lookup says nothing about a deletion or a correction
-            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
-            return "lookup.unsupported"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
+            return OUTCOME.lookup_unsupported
         if not caps.lookup_by_key:
-            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
-            return "lookup.unsupported"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
+            return OUTCOME.lookup_unsupported
         resend_epoch, fence_epoch = self._sent_under(it)
         res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
         if isinstance(res, Found):
             if res.body is not None and not self.transport.matches(wire, res):
                 # an object under this key that does not hold what was approved: not a confirmation
                 self.store.reconcile_not_found(plan)
-                return "lookup.differs"
+                return OUTCOME.lookup_differs
             self.store.reconcile_found(plan, remote_id=res.remote_id)
-            return "lookup.found"
+            return OUTCOME.lookup_found
         if isinstance(res, Unsupported):
-            self.store.park_unreconcilable(plan, reason="lookup.unsupported")
-            return "lookup.unsupported"
+            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
+            return OUTCOME.lookup_unsupported
         assert isinstance(res, NotFound), res
         if caps.fenced_lookup:
             try:
                 self.store.reconcile_absent(plan, fenced=True)
-                return "lookup.not_found_fenced"
+                return OUTCOME.lookup_not_found_fenced
             except GuardRefused as exc:
-                if exc.guard != "absence_provable":
+                if exc.guard != GUARD.absence_provable:
                     raise
             # the attempt was begun before a restore: its key may have been rewound, so this
             # not-found proves nothing (it counts against the budget; exhaustion parks for a human),
             # and the key it looked up is now tombstoned, so the fence epoch moves on
             self.store.reconcile_unproven(plan)
-            return "lookup.not_found_before_restore"
+            return OUTCOME.lookup_not_found_before_restore
         self.store.reconcile_not_found(plan)
-        return "lookup.not_found"
+        return OUTCOME.lookup_not_found
 
     def run(self, limit: int | None = None) -> dict[str, int]:
         """Reconcile up to ``limit`` indeterminate intents (default ``config.reconcile_batch``; 0 looks nothing
@@ -631,7 +614,7 @@ class Reconciler:
         if limit == 0:
             return out
         now = self.store.now()
-        for state in self.store.table.states_of_kind("unknown"):
+        for state in (STATE.indeterminate,):
             for it in self.store.list_intents(state=state, limit=limit):
                 wait = self.config.reconcile_interval if it.reconcile_count else self.config.first_look_after
                 if now - it.updated_at < wait:
@@ -644,7 +627,7 @@ class Reconciler:
                 except Rejected:
                     name = "skipped"
                 except AtMostOnceError:  # the lookup itself failed: no evidence, nothing written
-                    name = "lookup.error"
+                    name = OUTCOME.lookup_error
                 if name != "skipped":
                     observe.record_lookup(name)
                 out[name] = out.get(name, 0) + 1
@@ -740,11 +723,11 @@ class Worker(threading.Thread):
                 try:
                     outcome = self.dispatcher.dispatch(key)
                     self.on_result(key, outcome)
-                    did = did or outcome not in WAITING_OUTCOMES
+                    did = did or outcome not in default_table().waiting_outcomes
                 except Rejected as exc:
-                    if exc.event == "begin" and exc.guard == "attempts_remaining":
+                    if exc.event == EVENT.begin and exc.guard == GUARD.attempts_remaining:
                         self._exhaust(key)  # a pending intent out of attempts parks instead of looping
-                    elif exc.event != "begin":
+                    elif exc.event != EVENT.begin:
                         self.on_result(key, exc)
                 except SimulatedCrash as exc:
                     self.on_result(key, exc)

@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import Rejected
+from .names import STATE
 from .plugins import open_store
 from .protocols import OutboxStore
 from .records import Intent
 from .runtime import (
-    TIMED_OUTCOMES,
-    WAITING_OUTCOMES,
     Dispatcher,
     Reconciler,
     RuntimeConfig,
@@ -39,13 +38,17 @@ from .runtime import (
     Worker,
     backoff_delay,
 )
+from .table import Table
 from .transport import Transport
 
-__all__ = ["HELD_OUTCOMES", "Outbox", "OutboxReport", "open_outbox", "outcome_name"]
+__all__ = ["Outbox", "OutboxReport", "held_outcomes", "open_outbox", "outcome_name"]
 
-HELD_OUTCOMES = WAITING_OUTCOMES - TIMED_OUTCOMES
-"""Dispatch outcomes that wait for someone (an approval, a released kill switch, a new source capture): an
-intent whose last dispatch gave one of these does not keep :meth:`Outbox.run` from being idle."""
+
+def held_outcomes(t: Table) -> frozenset[str]:
+    """Dispatch outcomes that wait for someone (an approval, a released kill switch, a new source capture): the
+    table's ``waiting`` outcomes that are not ``timed``. An intent whose last dispatch gave one of these does
+    not keep :meth:`Outbox.run` from being idle."""
+    return t.waiting_outcomes - t.timed_outcomes
 
 
 def outcome_name(result: Any) -> str:
@@ -66,7 +69,7 @@ class OutboxReport:
     """What an outbox did since it was made (counts), and how its last run ended.
 
     ``dispatched``: dispatch outcomes that began or settled something, by :func:`outcome_name`;
-    ``waited``: dispatches that began nothing (:data:`~atmostonce.runtime.WAITING_OUTCOMES`);
+    ``waited``: dispatches that began nothing (the table's ``waiting`` outcomes);
     ``swept``: the sweeper's counts summed (``expired``, ``abandoned``, ``retried``, ``exhausted``,
     ``approvals_expired``, ``skipped``); ``reconciled``: the reconciler's outcomes summed (its ``deferred``
     passes left out); ``errors``: failed polls and maintenance passes by where they failed (``poll``,
@@ -256,7 +259,7 @@ class Outbox:
 
         ``until_idle=True``: until nothing is left to do: no intent in flight, unknown or retryable, and every
         queued intent either dispatched or waiting for someone (its last dispatch gave one of
-        :data:`HELD_OUTCOMES`), seen so twice in a row; ``report.idle`` is then true. ``until_idle=False``: until
+        :func:`held_outcomes`), seen so twice in a row; ``report.idle`` is then true. ``until_idle=False``: until
         :meth:`stop` is called from another thread. Either way at most ``timeout`` seconds (``None``: no bound),
         then a graceful stop. ``on_tick(report)`` is called after each maintenance round (about every
         ``min(sweep_every, reconcile_every, 0.1)`` seconds). A ``KeyboardInterrupt`` stops gracefully, then
@@ -355,7 +358,7 @@ class Outbox:
         name = outcome_name(result)
         with self._lock:
             self._last[key] = (name, time.monotonic())
-            (self._report.waited if name in WAITING_OUTCOMES else self._report.dispatched)[name] += 1
+            (self._report.waited if name in self.store.table.waiting_outcomes else self._report.dispatched)[name] += 1
         if self.on_result is not None:
             self.on_result(key, result)
 
@@ -399,27 +402,27 @@ class Outbox:
 
     def _quiet(self, since: float) -> bool:
         """Nothing in flight, unknown or retryable, no begun attempt, and each claimable intent's last dispatch
-        (at or after ``since``, monotonic seconds) gave a :data:`HELD_OUTCOMES` outcome. Store errors: ``False``."""
+        (at or after ``since``, monotonic seconds) gave a :func:`held_outcomes` outcome. Store errors: ``False``."""
         t = self.store.table
         try:
             counts = self.store.count_by_state()
-            if any(counts.get(s, 0) for s in t.states_of_kind("in_flight", "unknown", "retryable")):
+            if any(counts.get(s, 0) for s in (STATE.authorized, STATE.indeterminate, STATE.failed)):
                 return False
-            queued = t.states_of_kind("initial")
-            pending = sum(counts.get(s, 0) for s in queued)
+            pending = counts.get(STATE.pending, 0)
             if not pending:
                 return True
             claimable = self.store.claimable(pending)
             if len(claimable) < pending:  # begun (a lease runs) or held by the freshness fence
-                for state in queued:
-                    if any(it.attempt_token is not None for it in self.store.list_intents(state=state, limit=pending)):
-                        return False
+                listed = self.store.list_intents(state=STATE.pending, limit=pending)
+                if any(it.attempt_token is not None for it in listed):
+                    return False
         except Exception as exc:
             self._on_failure("poll", exc)
             return False
         with self._lock:
             last = [self._last.get(k) for k in claimable]
-        return all(x is not None and x[0] in HELD_OUTCOMES and x[1] >= since for x in last)
+        held = held_outcomes(t)
+        return all(x is not None and x[0] in held and x[1] >= since for x in last)
 
 
 def open_outbox(

@@ -19,6 +19,7 @@ from typing import Any
 from . import identity, observe
 from .claims import ClaimOperations, claim_args
 from .errors import GuardRefused, IntakeCode, IntakeError, Rejected
+from .names import EVENT, GUARD, OUTCOME, STATE
 from .protocols import (
     AuditStore,
     IntakeStore,
@@ -50,7 +51,6 @@ from .records import (
 from .table import Table
 
 __all__ = [
-    "FENCING_GUARDS",
     "RETRACTION_PREFIX",
     "AuditStore",
     "IntakeStore",
@@ -82,8 +82,6 @@ def retraction_of(intent_or_body: Any) -> dict[str, Any] | None:
     return None
 
 
-FENCING_GUARDS = ("lease_holder", "restore_epoch_current", "plan_unchanged")
-"""Guards whose refusals are recorded: they catch a worker or maintenance pass acting on a stale view."""
 _PRESENTED = ("attempt_token", "generation", "epoch", "plan_generation", "plan_reconcile_count", "plan_epoch")
 
 
@@ -222,7 +220,7 @@ class Operations(ClaimOperations):
             it = self.core._apply(event, key, args)
         except Rejected as exc:
             observe.log_refusal(exc)  # one record per refused move, counted by guard (docs/operations.md)
-            if isinstance(exc, GuardRefused) and exc.guard in FENCING_GUARDS:
+            if isinstance(exc, GuardRefused) and exc.guard in self.table.fencing_guards:
                 self.core._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
             raise
         observe.log_move(event, it, args, self.table)  # one record per move: key, event, outcome, attempt, generation
@@ -249,7 +247,7 @@ class Operations(ClaimOperations):
             moved = self.core._apply_sequence(key, [(event, remember(event, args)) for event, args in steps])
         except Rejected as exc:
             observe.log_refusal(exc)
-            if isinstance(exc, GuardRefused) and exc.guard in FENCING_GUARDS and exc.event in presented:
+            if isinstance(exc, GuardRefused) and exc.guard in self.table.fencing_guards and exc.event in presented:
                 args = presented[exc.event]
                 self.core._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
             raise
@@ -303,7 +301,7 @@ class Operations(ClaimOperations):
             self._check_retraction(sub)
         it, created = self.core._create(sub)
         if created:
-            observe.log_move("submit", it, {}, self.table)
+            observe.log_move(EVENT.submit, it, {}, self.table)
         if not created and it.requires_approval != sub.requires_approval:
             raise IntakeError(
                 f"this delivery exists already with requires_approval={it.requires_approval}; "
@@ -323,7 +321,7 @@ class Operations(ClaimOperations):
         if (
             orig is None
             or orig.action_kind.startswith(RETRACTION_PREFIX)
-            or self.table.states[orig.state].disposition != "done"
+            or orig.state != STATE.published
             or orig.remote_id is None
             or orig.remote_id != r.get("remote_id")
             or (orig.account, orig.target) != (sub.account, sub.target)
@@ -349,7 +347,7 @@ class Operations(ClaimOperations):
         intent. Raises ``IntakeError`` when ``key`` is not published with a remote id, or for bad input.
         """
         it = self.core.get(check_text("key", key, max_chars=256))
-        if self.table.states[it.state].disposition != "done" or it.remote_id is None:
+        if it.state != STATE.published or it.remote_id is None:
             raise IntakeError(
                 f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}", field="key"
             )
@@ -363,7 +361,7 @@ class Operations(ClaimOperations):
             request["correction"] = check_json_object("correction", correction)
             deletion = {"retracts": it.key, "remote_id": it.remote_id, "mode": "delete"}
             done = self.core.find(identity.delivery_key(it.account, RETRACTION_PREFIX + "delete", it.target, deletion))
-            if done is not None and self.table.states[done.state].disposition == "done":
+            if done is not None and done.state == STATE.published:
                 raise IntakeError(
                     f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}", field="correction"
                 )
@@ -400,7 +398,7 @@ class Operations(ClaimOperations):
         The only creator of attempts. Raises ``Rejected`` (no_open_attempt, attempts_remaining, ...).
         """
         secs = validate_lease_seconds("lease_seconds", lease_seconds)
-        it = self._move("begin", key, {"lease_seconds": secs})
+        it = self._move(EVENT.begin, key, {"lease_seconds": secs})
         assert it.attempt_token is not None and it.generation is not None and it.lease_expires_at is not None
         return Lease(it.key, it.attempt_token, it.generation, it.lease_expires_at, it.epoch or 0)
 
@@ -444,7 +442,7 @@ class Operations(ClaimOperations):
         # signed approvals: the signature is verified here, in the worker's process, before the one write
         # whose approval_signature_verified guard holds the row to what was verified (docs/design.md#signed-approvals)
         args |= self.verified_signature_args(claim)
-        return self._move("authorize_dispatch", lease.key, args)
+        return self._move(EVENT.authorize_dispatch, lease.key, args)
 
     def begin_and_authorize(
         self,
@@ -487,7 +485,7 @@ class Operations(ClaimOperations):
             leases.append(lease)
             return _lease_args(lease) | auth_args
 
-        _, authorized = self._moves(key, [("begin", begin_args), ("authorize_dispatch", authorize_args)])
+        _, authorized = self._moves(key, [(EVENT.begin, begin_args), (EVENT.authorize_dispatch, authorize_args)])
         return leases[-1], authorized
 
     def record_sent(
@@ -512,12 +510,12 @@ class Operations(ClaimOperations):
         }
         outcome = self.table.outcomes.get(read_back)
         # a read-back's move is one that needs the remote id record_success sets, by the same actor
-        actor = self.table.event("record_success").actor
+        actor = self.table.event(EVENT.record_success).actor
         if (
             outcome is None
             or outcome.event is None
             or self.table.event(outcome.event).actor != actor
-            or "remote_id_known" not in self.table.event(outcome.event).guards
+            or GUARD.remote_id_known not in self.table.event(outcome.event).guards
         ):
             raise IntakeError(f"{read_back!r} is not a read-back outcome")
         second = _lease_args(lease)
@@ -525,23 +523,23 @@ class Operations(ClaimOperations):
             second["reason"] = _need_text("reason", reason)
         if evidence is not None:
             second["evidence"] = check_json_object("evidence", evidence)
-        moved = self._moves(lease.key, [("record_success", success), (outcome.event, second)])
+        moved = self._moves(lease.key, [(EVENT.record_success, success), (outcome.event, second)])
         return moved[-1]
 
     def block_at_gate(self, lease: Lease, *, reason: str) -> Intent:
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
-        return self._move("block_at_gate", lease.key, args)
+        return self._move(EVENT.block_at_gate, lease.key, args)
 
     def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent:
         args = _lease_args(lease) | {
             "remote_id": _need_text("remote_id", remote_id),
             "response_digest": response_digest,
         }
-        return self._move("record_success", lease.key, args)
+        return self._move(EVENT.record_success, lease.key, args)
 
     def confirm_read_back(self, lease: Lease) -> Intent:
         args = _lease_args(lease)
-        return self._move("confirm_read_back", lease.key, args)
+        return self._move(EVENT.confirm_read_back, lease.key, args)
 
     def read_back_failed(self, lease: Lease, *, reason: str, evidence: Mapping[str, Any] | None = None) -> Intent:
         """The read-back did not confirm the send: ``indeterminate``. ``evidence`` (a JSON object, e.g.
@@ -550,15 +548,15 @@ class Operations(ClaimOperations):
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
         if evidence is not None:
             args["evidence"] = check_json_object("evidence", evidence)
-        return self._move("read_back_failed", lease.key, args)
+        return self._move(EVENT.read_back_failed, lease.key, args)
 
     def record_not_sent(self, lease: Lease, *, reason: str) -> Intent:
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
-        return self._move("record_not_sent", lease.key, args)
+        return self._move(EVENT.record_not_sent, lease.key, args)
 
     def record_unknown(self, lease: Lease, *, reason: str) -> Intent:
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
-        return self._move("record_unknown", lease.key, args)
+        return self._move(EVENT.record_unknown, lease.key, args)
 
     # -- late outcomes (docs/design.md#late-outcomes-are-evidence) ---------------------------------
     def record_late_outcome(
@@ -590,7 +588,7 @@ class Operations(ClaimOperations):
             raise IntakeError(f"{outcome!r} is not a late outcome; one of {self.table.late_outcomes}")
         if not isinstance(refused, Rejected) or refused.key != lease.key:
             raise IntakeError("refused must be the Rejected the store raised for this lease's intent")
-        if outcome == "send.success" and remote_id is None:
+        if outcome == OUTCOME.send_success and remote_id is None:
             raise IntakeError("a late send.success carries the platform's remote id")
         if worker_time is not None and (
             isinstance(worker_time, bool) or not isinstance(worker_time, (int, float)) or worker_time != worker_time
@@ -612,36 +610,36 @@ class Operations(ClaimOperations):
     def expire_lease(self, intent: Intent) -> Intent:
         """Post-authorization lease expired: to ``indeterminate``; moves only the row as planned."""
         args = _stale_args(intent)
-        return self._move("expire_lease", intent.key, args)
+        return self._move(EVENT.expire_lease, intent.key, args)
 
     def abandon_attempt(self, intent: Intent) -> Intent:
         """Pre-authorization lease expired: close the attempt as abandoned; intent stays ``pending``."""
         args = _stale_args(intent)
-        return self._move("abandon_attempt", intent.key, args)
+        return self._move(EVENT.abandon_attempt, intent.key, args)
 
     # -- reconciler -----------------------------------------------------------------------
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:
         args = _plan_args(plan) | {"remote_id": _need_text("remote_id", remote_id), "result": "confirmed"}
-        return self._move("reconcile_found", plan.key, args)
+        return self._move(EVENT.reconcile_found, plan.key, args)
 
     def reconcile_not_found(self, plan: Plan) -> Intent:
         args = _plan_args(plan) | {"result": "unknown"}
-        return self._move("reconcile_not_found", plan.key, args)
+        return self._move(EVENT.reconcile_not_found, plan.key, args)
 
     def reconcile_unproven(self, plan: Plan) -> Intent:
         """A fenced lookup found nothing, but absence is not provable (an attempt begun before a
         restore): stays ``indeterminate``, counts a look, and moves the fence epoch on, because the
         platform now refuses the looked-up key (docs/design.md#a-fence-is-a-tombstone)."""
         args = _plan_args(plan) | {"result": "unknown"}
-        return self._move("reconcile_unproven", plan.key, args)
+        return self._move(EVENT.reconcile_unproven, plan.key, args)
 
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
         args = _plan_args(plan) | {"fenced": fenced, "result": "failed"}
-        return self._move("reconcile_absent", plan.key, args)
+        return self._move(EVENT.reconcile_absent, plan.key, args)
 
     def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent:
         args = _plan_args(plan) | {"reason": _need_text("reason", reason), "result": "unknown"}
-        return self._move("park_unreconcilable", plan.key, args)
+        return self._move(EVENT.park_unreconcilable, plan.key, args)
 
     # -- retry policy ---------------------------------------------------------------------
     def retry(self, key: str, *, operator: str | None = None) -> Intent:
@@ -650,16 +648,16 @@ class Operations(ClaimOperations):
         worker's retry policy. The table's ``retry`` has no ``operator_identified`` guard, so a named but
         blank operator is refused here, at intake (``IntakeError``)."""
         if operator is None:
-            return self._move("retry", key, {})
-        return self._move("retry", key, {"operator": _policy_operator(operator)})
+            return self._move(EVENT.retry, key, {})
+        return self._move(EVENT.retry, key, {"operator": _policy_operator(operator)})
 
     def exhaust(self, key: str) -> Intent:
         """Attempt cap reached: park instead of looping."""
-        return self._move("exhaust", key, {})
+        return self._move(EVENT.exhaust, key, {})
 
     # -- operator -------------------------------------------------------------------------
     def park(self, key: str, *, operator: str, reason: str = "operator stop") -> Intent:
-        return self._move("park", key, {"operator": _operator(operator), "reason": _need_text("reason", reason)})
+        return self._move(EVENT.park, key, {"operator": _operator(operator), "reason": _need_text("reason", reason)})
 
     def resolve_published(
         self, key: str, *, operator: str, remote_id: str, evidence: Mapping[str, Any] | None = None
@@ -671,14 +669,14 @@ class Operations(ClaimOperations):
         args: dict[str, Any] = {"operator": _operator(operator), "remote_id": _need_text("remote_id", remote_id)}
         if evidence is not None:
             args["evidence"] = check_json_object("evidence", evidence)
-        return self._move("resolve_published", key, args)
+        return self._move(EVENT.resolve_published, key, args)
 
     def resolve_not_sent(self, key: str, *, operator: str, reason: str = "operator: not sent") -> Intent:
         args = {"operator": _operator(operator), "reason": _need_text("reason", reason)}
-        return self._move("resolve_not_sent", key, args)
+        return self._move(EVENT.resolve_not_sent, key, args)
 
     def resend(self, key: str, *, operator: str) -> Intent:
-        return self._move("resend", key, {"operator": _operator(operator)})
+        return self._move(EVENT.resend, key, {"operator": _operator(operator)})
 
     # -- policy layer and restores ------------------------------------------------------------
     # Every setter writes the policy and its row of the policy log in one transaction

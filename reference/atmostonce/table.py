@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -31,6 +31,9 @@ __all__ = [
     "Table",
     "TableError",
     "MACHINES",
+    "Names",
+    "UnknownName",
+    "Vocabulary",
     "load_machine",
     "load_table",
     "machine",
@@ -46,6 +49,71 @@ class TableError(ValueError):
     """The table file is missing, malformed, or fails its JSON Schema."""
 
 
+class UnknownName(TableError):
+    """A name the table does not declare was asked of one of its vocabularies (a typo in code).
+
+    Attributes: ``vocabulary`` (``"state"``, ``"event"``, ``"guard"``, ``"effect"``, ``"outcome"`` or
+    ``"actor"``), ``name`` (the attribute asked for), ``table`` (the table's name)."""
+
+    def __init__(self, vocabulary: str, name: str, table: str):
+        self.vocabulary, self.name, self.table = vocabulary, name, table
+        super().__init__(f"{table} declares no {vocabulary} {name!r}")
+
+
+class Names:
+    """One vocabulary of a table (its states, events, guards, effects, outcomes or actors) as attributes, in the
+    manner of h11's sentinels: ``names.outcome.gate_rate_limited == "gate.rate_limited"``. Code names a table
+    entry through this, never as a string literal, so a typo raises :class:`UnknownName` where it is read
+    (at import for a module-level name) instead of comparing unequal for ever. An outcome's dot is spelled
+    ``_`` (``send.not_sent`` is ``send_not_sent``); two names spelled alike are refused when the table loads."""
+
+    __slots__ = ("_vocabulary", "_table", "_by_attr")
+
+    def __init__(self, vocabulary: str, table: str, names: Iterable[str]):
+        by_attr: dict[str, str] = {}
+        for n in names:
+            attr = n.replace(".", "_")
+            if attr in by_attr:
+                raise TableError(f"{table}: {vocabulary}s {by_attr[attr]!r} and {n!r} are both spelled {attr}")
+            by_attr[attr] = n
+        self._vocabulary, self._table, self._by_attr = vocabulary, table, by_attr
+
+    def __getattr__(self, attr: str) -> str:
+        if attr.startswith("_"):
+            raise AttributeError(attr)  # copy, pickle and hasattr probe dunders: not a vocabulary name
+        try:
+            return self._by_attr[attr]
+        except KeyError:
+            raise UnknownName(self._vocabulary, attr, self._table) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_attr.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_attr.values()
+
+    def __len__(self) -> int:
+        return len(self._by_attr)
+
+    def __dir__(self) -> list[str]:
+        return sorted(self._by_attr)
+
+    def __repr__(self) -> str:
+        return f"<{self._table} {self._vocabulary}s: {', '.join(self._by_attr.values())}>"
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A table's names, one :class:`Names` per catalogue (``t.names.state.pending``)."""
+
+    state: Names
+    event: Names
+    guard: Names
+    effect: Names
+    outcome: Names
+    actor: Names
+
+
 @dataclass(frozen=True)
 class Actor:
     name: str
@@ -55,13 +123,15 @@ class Actor:
 
 @dataclass(frozen=True)
 class State:
+    """A state. ``terminal``: the machine is finished with it (no machine actor leaves it, a static check).
+    ``kind`` groups an auxiliary machine's states (an approval's three spent states); the intent table's
+    states have none: code names them (``names.state.indeterminate``), not a second name for each."""
+
     name: str
-    kind: str
-    disposition: str
-    retryable: bool
     terminal: bool
     meaning: str
     seed: str
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +147,9 @@ class Guard:
     before_begin: str | None = None
     """An outcome the dispatcher reports when this guard of ``authorize_dispatch`` refuses in its check
     before ``begin`` (``Store.check``, no write): nothing begun or spent, the intent still queued."""
+    fencing: bool = False
+    """The guard catches a writer acting on a stale view (a superseded lease, an older restore epoch, a plan
+    the row has moved past): its refusal is recorded with what the writer presented."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +185,11 @@ class Outcome:
     state: str
     meaning: str
     event: str | None = None
+    waiting: bool = False
+    """A dispatch outcome that began nothing: a worker that saw only these waits before it polls again."""
+    timed: bool = False
+    """A waiting outcome that time resolves (a rate window turns, another claim lapses); the other waiting
+    outcomes hold until someone acts (approves, releases a kill switch, captures a source)."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +203,11 @@ class Table:
     effects: Mapping[str, Effect]
     events: Mapping[str, Event]
     outcomes: Mapping[str, Outcome]
+
+    @functools.cached_property
+    def names(self) -> Vocabulary:
+        """This table's names as attributes (:class:`Names`): ``t.names.guard.lease_holder``."""
+        return _vocabulary(self)
 
     def event(self, name: str) -> Event:
         """The event called ``name``; raises ``KeyError`` for an unknown event."""
@@ -147,6 +230,11 @@ class Table:
         return tuple(g.name for g in self.guards.values() if g.policy)
 
     @property
+    def fencing_guards(self) -> tuple[str, ...]:
+        """Guards whose refusals are recorded (``fencing = true``): they catch a stale view."""
+        return tuple(g.name for g in self.guards.values() if g.fencing)
+
+    @property
     def waiting_guards(self) -> Mapping[str, str]:
         """Guards whose refusal is a wait, each with the outcome the runtime reports for it
         (``refusal_outcome``); for example ``{"rate_limit_clear": "gate.rate_limited"}``."""
@@ -159,40 +247,88 @@ class Table:
         return MappingProxyType({g.name: g.before_begin for g in self.guards.values() if g.before_begin})
 
     @property
+    def waiting_outcomes(self) -> frozenset[str]:
+        """Dispatch outcomes that began nothing (``waiting = true``)."""
+        return frozenset(o.name for o in self.outcomes.values() if o.waiting)
+
+    @property
+    def timed_outcomes(self) -> frozenset[str]:
+        """Waiting outcomes that time resolves (``timed = true``)."""
+        return frozenset(o.name for o in self.outcomes.values() if o.timed)
+
+    @property
     def late_outcomes(self) -> tuple[str, ...]:
         """Outcomes a worker may present as evidence after its move was refused: those recorded by a
-        worker's move out of an in-flight state (the send's and the read-back's results). Derived from
-        the events and states, so a new send outcome is covered without a list to keep."""
+        worker's move out of the in-flight state (the send's and the read-back's results). Derived from
+        the events, so a new send outcome is covered without a list to keep."""
+        worker, in_flight = self.names.actor.worker, self.names.state.authorized
         return tuple(
             o.name
             for o in self.outcomes.values()
             if o.event is not None
-            and self.events[o.event].actor == "worker"
-            and any(self.states[s].kind == "in_flight" for s in self.events[o.event].sources)
+            and self.events[o.event].actor == worker
+            and in_flight in self.events[o.event].sources
         )
 
     @property
     def outcome_events(self) -> tuple[str, ...]:
-        """A worker's moves out of an in-flight state: the send's outcome and its read-back's. Losing one
+        """A worker's moves out of the in-flight state: the send's outcome and its read-back's. Losing one
         leaves the intent in flight under its lease, whose expiry makes the send unknown, which the
         reconciler settles; such a move may commit without waiting for the disk, where the authorization
         before the bytes never may (docs/design.md#two-durable-points-per-send)."""
+        worker, in_flight = self.names.actor.worker, self.names.state.authorized
         return tuple(
-            e.name
-            for e in self.events.values()
-            if e.actor == "worker" and e.sources and all(self.states[s].kind == "in_flight" for s in e.sources)
+            e.name for e in self.events.values() if e.actor == worker and e.sources and set(e.sources) == {in_flight}
         )
-
-    @property
-    def retryable_states(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.states.values() if s.retryable)
 
     @property
     def terminal_states(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.states.values() if s.terminal)
 
     def states_of_kind(self, *kinds: str) -> tuple[str, ...]:
+        """An auxiliary machine's states of these kinds (the intent table's states have no kind)."""
         return tuple(s.name for s in self.states.values() if s.kind in kinds)
+
+
+def _vocabulary(t: Table) -> Vocabulary:
+    return Vocabulary(
+        state=Names("state", t.name, t.states),
+        event=Names("event", t.name, t.events),
+        guard=Names("guard", t.name, t.guards),
+        effect=Names("effect", t.name, t.effects),
+        outcome=Names("outcome", t.name, t.outcomes),
+        actor=Names("actor", t.name, t.actors),
+    )
+
+
+class LazyNames:
+    """A :class:`Names` of a table loaded on first use (the project's table, or one of its machines), so a
+    module may bind ``OUTCOME = LazyNames(...)`` without reading a file at import."""
+
+    __slots__ = ("_resolve",)
+
+    def __init__(self, resolve: Callable[[], Names]):
+        self._resolve = resolve
+
+    def __getattr__(self, attr: str) -> str:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self._resolve(), attr)  # type: ignore[no-any-return]  # Names.__getattr__ returns str
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._resolve())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._resolve()
+
+    def __len__(self) -> int:
+        return len(self._resolve())
+
+    def __dir__(self) -> list[str]:
+        return dir(self._resolve())
+
+    def __repr__(self) -> str:
+        return repr(self._resolve())
 
 
 def spec_dir() -> Path:
@@ -239,7 +375,7 @@ def parse_table(raw: Mapping[str, Any], schema: Mapping[str, Any] | None = None)
             couples=MappingProxyType(dict(ev.get("couples", {}))),
             couples_required=tuple(ev.get("couples_required", ())),
         )
-    return Table(
+    t = Table(
         name=raw["name"],
         version=raw["version"],
         initial=raw["initial"],
@@ -250,6 +386,8 @@ def parse_table(raw: Mapping[str, Any], schema: Mapping[str, Any] | None = None)
         events=_freeze(events),
         outcomes=_freeze({k: Outcome(name=k, **v) for k, v in raw.get("outcomes", {}).items()}),
     )
+    t.names  # noqa: B018  # built now: two names spelled alike fail the load, not the first lookup
+    return t
 
 
 def load_table(path: str | Path | None = None, *, schema: str = "table.schema.json") -> Table:

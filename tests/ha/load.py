@@ -28,6 +28,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from atmostonce.names import STATE
+
 MARK_BEGIN = "<!-- make ha results: begin -->"
 MARK_END = "<!-- make ha results: end -->"
 
@@ -128,7 +130,7 @@ def run(intents: int, failovers: int, workers: int, ablation: bool, seed: int, t
                     print(f"failover {killed}: {old} killed, recovered in {recoveries[-1]} s", flush=True)
                     ha.restart(old)  # the old primary rejoins as a standby
                     ha.wait_replicating()
-            open_kinds = store.table.states_of_kind("initial", "in_flight", "unknown", "retryable")
+            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
                 counts = _retry(store.count_by_state)

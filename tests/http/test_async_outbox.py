@@ -18,10 +18,6 @@ FAST = RuntimeConfig(lease_seconds=2, send_lease_seconds=5, reconcile_interval=0
 QUICK = {"sweep_every": 0.05, "reconcile_every": 0.05, "poll_every": 0.01, "backoff_base": 0.01, "backoff_max": 0.1}
 
 
-def kind_of(outbox: atmostonce.AsyncOutbox, state: str) -> str:
-    return outbox.store.table.states[state].kind
-
-
 def test_the_async_front_door_publishes_once_and_a_second_run_sends_nothing(tmp_path, sink):
     url = f"sqlite:///{tmp_path / 'outbox.sqlite3'}"
 
@@ -31,13 +27,13 @@ def test_the_async_front_door_publishes_once_and_a_second_run_sends_nothing(tmp_
             it = await outbox.submit("my-account", "post", "room-42", {"text": "hello async"})
             report = await outbox.run(until_idle=True, timeout=30)
             state = (await outbox.get(it.key)).state
-            return it.key, kind_of(outbox, state), report
+            return it.key, state, report
 
     key1, kind1, report1 = asyncio.run(once())
-    assert kind1 == "terminal" and report1.idle
+    assert kind1 == "published" and report1.idle
     assert report1.dispatched == {"read_back.match": 1}
     key2, kind2, report2 = asyncio.run(once())
-    assert key2 == key1 and kind2 == "terminal" and report2.idle
+    assert key2 == key1 and kind2 == "published" and report2.idle
     assert sum(report2.dispatched.values()) == 0
     assert sink.creates == 1 and sink.requests == 1
 
@@ -59,7 +55,7 @@ def test_cancelling_a_run_during_a_send_records_it_unknown_and_reconciliation_se
                 await run
             after = await outbox.get(it.key)
             t = outbox.store.table
-            assert kind_of(outbox, after.state) == "unknown"  # never retryable (not sent)
+            assert after.state == "indeterminate"  # never retryable (not sent)
             last = outbox.store.history(it.key)[-1]
             assert last.event == t.outcomes["send.unknown"].event
             assert str(last.detail["reason"]).startswith(CANCELLED_SEND)
@@ -76,7 +72,7 @@ def test_cancelling_a_run_during_a_send_records_it_unknown_and_reconciliation_se
         ) as outbox:
             report = await outbox.run(until_idle=True, timeout=30)
             assert report.idle
-            return kind_of(outbox, (await outbox.get(key)).state)
+            return await outbox.get(key).state
 
-    assert asyncio.run(settle()) == "terminal"  # found by its key, not sent again
+    assert asyncio.run(settle()) == "published"  # found by its key, not sent again
     assert sink.creates == 1 and sink.requests == 1

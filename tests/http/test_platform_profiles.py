@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from atmostonce.names import STATE
 from atmostonce.runtime import RuntimeConfig
-from atmostonce.table import table
 from atmostonce_cli.main import EXIT_OK, EXIT_USAGE, main
 from atmostonce_email.transport import EmailPlatformConfig
 from atmostonce_http import HttpPlatformConfig, PlatformSink, sink_config
@@ -182,7 +182,7 @@ def test_work_reads_a_toml_profile_as_platform_config(capsys, tmp_path):
     url = f"sqlite:///{tmp_path / 'w.sqlite3'}"
     store = open_store(url)
     it = store.submit("acct", "post", "room", {"text": "through a toml profile"})
-    terminal = table().states_of_kind("terminal")
+    terminal = (STATE.published,)
     with PlatformSink() as sink:
         raw = tomllib.loads((profiles_dir() / "local_sink.toml").read_text())
         raw["http"]["base_url"] = sink.url

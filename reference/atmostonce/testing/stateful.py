@@ -35,6 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from ..errors import Rejected
 from ..model import MemoryStore
+from ..names import EVENT, STATE
 from ..records import Intent, Lease
 from ..store import Store
 
@@ -230,15 +231,14 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         def lease_of(self, key: str) -> tuple[Lease, Lease | None] | None:
             return self.live.get(key)
 
-        def pick(self, data, *kinds: str, where: Callable[[Intent], bool] | None = None) -> str | None:
-            """A key whose model state is of one of ``kinds`` (mostly), or any key (sometimes, to probe refusals)."""
+        def pick(self, data, *states: str, where: Callable[[Intent], bool] | None = None) -> str | None:
+            """A key whose model state is one of ``states`` (mostly), or any key (sometimes, to probe refusals)."""
             if not self.keys:
                 return None
             fitting = [
                 k
                 for k in self.keys
-                if (not kinds or self.model.table.states[self.model.get(k).state].kind in kinds)
-                and (where is None or where(self.model.get(k)))
+                if (not states or self.model.get(k).state in states) and (where is None or where(self.model.get(k)))
             ]
             if fitting and data.draw(st.integers(0, 7), label="fitting") > 0:
                 return data.draw(st.sampled_from(fitting), label="key")
@@ -267,7 +267,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @precondition(lambda self: self.keys)
         @rule(data=st.data(), lease=st.sampled_from([10, 30]))
         def begin(self, data, lease):
-            key = self.pick(data, "initial", where=lambda it: it.attempt_token is None)
+            key = self.pick(data, STATE.pending, where=lambda it: it.attempt_token is None)
             (m, ml), s = self.both(lambda st_, i: st_.begin(self.k(key, i), lease_seconds=lease))
             if m == "ok":
                 old = self.live.pop(key, None)
@@ -284,7 +284,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         )
         def dispatch_flow(self, data, ending):
             """A whole dispatch in one rule: begin, authorize, send, record (or a crash on the way)."""
-            key = self.pick(data, "initial", where=lambda it: it.attempt_token is None)
+            key = self.pick(data, STATE.pending, where=lambda it: it.attempt_token is None)
             (m, ml), s = self.both(lambda st_, i: st_.begin(self.k(key, i), lease_seconds=30))
             if m != "ok":
                 return
@@ -319,15 +319,15 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 self.both(lambda st_, i: st_.record_unknown(pair[i], reason="read timeout"))
             self.stale.append(pair)
 
-        def _live_pair(self, data, *kinds: str) -> tuple[Lease, Lease | None]:
+        def _live_pair(self, data, *states: str) -> tuple[Lease, Lease | None]:
             keys = sorted(self.live)
-            fitting = [k for k in keys if self.model.table.states[self.model.get(k).state].kind in kinds]
+            fitting = [k for k in keys if self.model.get(k).state in states]
             return self.live[data.draw(st.sampled_from(fitting or keys), label="live key")]
 
         @precondition(lambda self: self.live)
         @rule(data=st.data(), good_digest=st.sampled_from([True, True, True, False]))
         def authorize(self, data, good_digest):
-            pair = self._live_pair(data, "initial")
+            pair = self._live_pair(data, STATE.pending)
             m, _ = self.both(
                 lambda st_, i: st_.authorize_dispatch(
                     pair[i],
@@ -362,7 +362,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 "read_back_failed": lambda st_, lease: st_.read_back_failed(lease, reason="read_back.not_found"),
                 "block": lambda st_, lease: st_.block_at_gate(lease, reason="gate.blocked"),
             }
-            pair = self._live_pair(data, "initial" if what == "block" else "in_flight")
+            pair = self._live_pair(data, STATE.pending if what == "block" else STATE.authorized)
             self.both(lambda st_, i: ops[what](st_, pair[i]))
 
         @precondition(lambda self: self.stale)
@@ -423,7 +423,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @rule(data=st.data())
         def sweeper_too_early(self, data):
             """A sweeper acting on a lease that has not expired is refused by ``lease_expired``."""
-            key = self.pick(data, "initial", "in_flight", where=lambda it: it.lease_expires_at is not None)
+            key = self.pick(data, STATE.pending, STATE.authorized, where=lambda it: it.lease_expires_at is not None)
             it_m = self.model.get(key)
             if it_m.lease_expires_at is None or it_m.lease_expires_at <= self.clock():
                 return
@@ -439,7 +439,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             stale_plan=st.sampled_from([False, False, False, True, "before_restore"]),
         )
         def reconciler(self, data, how, stale_plan):
-            key = self.pick(data, "unknown")
+            key = self.pick(data, STATE.indeterminate)
             plans = [self.model.get(key).plan, None if self.store is None else self.store.get(self.k(key, 1)).plan]
             if stale_plan == "before_restore":  # a reconciler that planned before the last restore
                 if not self.pre_restore_plans:
@@ -520,7 +520,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
         @precondition(lambda self: self.keys)
         @rule(data=st.data(), what=st.sampled_from(["retry", "retry", "exhaust"]))
         def retry_policy(self, data, what):
-            key = self.pick(data, "retryable")
+            key = self.pick(data, STATE.failed)
             before = self.model.total_attempts()
             self.both(lambda st_, i: getattr(st_, what)(self.k(key, i)))
             assert self.model.total_attempts() == before, "retry/exhaust created an attempt"
@@ -534,7 +534,9 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             named=st.sampled_from([True, True, True, False]),
         )
         def operator(self, data, what, named):
-            key = self.pick(data, *(("human_owned",) if what != "park" else ("initial", "unknown", "retryable")))
+            key = self.pick(
+                data, *((STATE.parked,) if what != "park" else (STATE.pending, STATE.indeterminate, STATE.failed))
+            )
             who = "alice" if named else " "
             ops = {
                 "park": lambda st_, k: st_.park(k, operator=who),
@@ -604,10 +606,10 @@ def check_protocol_invariants(store: Store, keys: list[str], grow: dict[str, int
         # no second authorization unless the previous attempt ended definitively not-sent
         armed = True
         for h in hist:
-            if h.event == "authorize_dispatch":
+            if h.event == EVENT.authorize_dispatch:
                 assert armed, "second authorization without a definitive not-sent in between"
                 armed = False
-            elif t.events[h.event].target in t.retryable_states or (
+            elif t.events[h.event].target == STATE.failed or (
                 t.actors[t.events[h.event].actor].human and t.events[h.event].target == t.initial
             ):
                 armed = True

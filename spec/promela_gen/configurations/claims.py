@@ -227,12 +227,12 @@ def validate_claims(t: Table, claim_t: Table, approval_t: Table) -> None:
 def broken_claim_freed_on_unknown(t: Table) -> Table:
     """The broken claims configuration: a worker's move from in flight to unknown (the first in the
     table: read_back_failed) frees the claim (couples the claim's settling move instead of uncertain)."""
-    unknown = one_kind(t, "unknown")
-    in_flight = one_kind(t, "in_flight")
+    unknown = t.names.state.indeterminate
+    in_flight = t.names.state.authorized
     settle = next(
         e.couples["claim"]
         for e in t.events.values()
-        if "claim" in e.couples and in_flight in e.sources and t.states[e.target].disposition == "done"
+        if "claim" in e.couples and in_flight in e.sources and e.target == t.names.state.published
     )
     # the first such move only: the other one keeps the coupling to uncertain, so no claim event
     # becomes a worker's own uncoupled call
@@ -260,8 +260,8 @@ def generate_claims(
     """The claims configuration (the text between ``#ifdef CLAIMS`` and ``#else``)."""
     validate_claims(t, claim_t, approval_t)
     W, NI, NA = bounds.workers, CLAIMS_INTENTS, CLAIMS_APPROVALS
-    in_flight = one_kind(t, "in_flight")
-    settled = [s.name for s in t.states.values() if s.disposition in ("done", "retryable")]
+    in_flight = t.names.state.authorized
+    settled = [t.names.state.published, t.names.state.failed]
     c_free = one_kind(claim_t, "free")
     c_dispatching = one_kind(claim_t, "dispatching")
     c_began = kind_states(claim_t, "dispatching", "uncertain")

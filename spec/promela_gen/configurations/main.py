@@ -34,7 +34,6 @@ from ..base import (
     GenerationError,
     any_of,
     block,
-    one_kind,
     placeholders,
     property_switches,
     render,
@@ -393,7 +392,7 @@ def validate(t: Table) -> None:
 # ------------------------------------------------------------------------------------ broken config
 def broken_retry_on_unknown(t: Table) -> Table:
     """The deliberately broken configuration: a worker moves an unknown outcome back to the queue."""
-    unknown = one_kind(t, "unknown")
+    unknown = t.names.state.indeterminate
     ev = Event(
         name="retry_unknown",
         actor="worker",
@@ -416,10 +415,10 @@ def event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: int
     base = dict(ACTOR_ARGS[ev.actor])
     human = base["human"] if human_actor else "0"
     binding = Binding(ev.actor, what, {**base, "human": human})
-    in_flight = one_kind(t, "in_flight")
-    done = one_kind(t, "terminal")
-    retryable = one_kind(t, "retryable")
-    back_to_queue = [s.name for s in t.states.values() if s.kind in ("initial", "in_flight")]
+    in_flight = t.names.state.authorized
+    done = t.names.state.published
+    retryable = t.names.state.failed
+    back_to_queue = [t.initial, t.names.state.authorized]
 
     conds = [any_of("state", ev.sources)]
     presented: list[str] = []
@@ -449,7 +448,7 @@ def event_inline(t: Table, ev: Event, drop_guard: str | None, W: int, slots: int
         body.append(f"if :: {human} -> excuse_all() :: else -> skip fi;")
     elif human_actor:
         body.append(f"if :: {human} -> tainted = 0; proof = 0 :: else -> skip fi;")
-    if t.states[ev.target].kind == "unknown":
+    if ev.target == t.names.state.indeterminate:
         body.append("tainted = 1; proof = 0;")
     if ev.target in back_to_queue and any(s != ev.target for s in ev.sources):
         body.append(
@@ -512,8 +511,8 @@ def generate_intent(
     the intent table's guards or None.
     """
     extra = dict(extra_evidence or {})
-    unknown = one_kind(t, "unknown")
-    in_flight = one_kind(t, "in_flight")
+    unknown = t.names.state.indeterminate
+    in_flight = t.names.state.authorized
     creators = [e for e in t.events.values() if e.creates]
     if len(creators) != 1:
         raise GenerationError(f"expected exactly one creating event, found {[e.name for e in creators]}")
