@@ -11,6 +11,7 @@ that refused.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,7 +24,7 @@ from .effects import SQL_EFFECTS
 from .guards import SQL_GUARDS
 from .schema import history, intents, meta, rate_limits, reconciliations, sequences
 
-__all__ = ["SUBMITTED", "Statements", "db_now", "store_epoch"]
+__all__ = ["SUBMITTED", "Statements", "db_now", "render", "store_epoch"]
 
 SUBMITTED = (
     "key",
@@ -69,12 +70,13 @@ def store_epoch() -> sa.Label[Any]:
 
 
 class Statements:
-    """The statements of ``table``'s events on ``dialect`` (``postgresql`` or ``sqlite``)."""
+    """The statements of ``table``'s events on ``dialect`` (``postgresql`` or ``sqlite``); ``now`` is the
+    clock expression the statements judge leases and stamp rows by (default: the database clock)."""
 
-    def __init__(self, table: Table, dialect: str):
+    def __init__(self, table: Table, dialect: str, now: sa.ColumnElement[Any] | None = None):
         self.table = table
         self.dialect = dialect
-        self.now = db_now(dialect)
+        self.now = db_now(dialect) if now is None else now
 
     # -- creation -------------------------------------------------------------------------
     def creation(self) -> dict[str, Any]:
@@ -268,3 +270,92 @@ class Statements:
             ["seq", *names, "prev_hash", "row_hash"],
             sa.select(v.c.seq, *[v.c[n] for n in names], v.c.prev_hash, row_hash),
         )
+
+
+# -- reading the statements (docs/sql.md, docs/guards.md) --------------------------------------------------
+def _dialect(name: str) -> Any:
+    """The dialect the store compiles with, with named placeholders (``:p_key``) for a reader."""
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+        return PGDialect_psycopg(paramstyle="named")
+    from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+
+    return SQLiteDialect_pysqlite(paramstyle="named")
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+_KEYWORDS = ("WITH", "SET", "WHERE", "RETURNING", "SELECT", "FROM", "VALUES")
+_WIDTH = 100
+
+
+def _layout(sql: str) -> str:
+    """Readable lines: each clause (``SET``, ``WHERE``, ``FROM``, ``RETURNING``, ``SELECT``) on its own line
+    and indented by parenthesis depth, one ``SET`` item, ``WHERE`` condition and ``WITH`` query per line,
+    ``SELECT`` and ``RETURNING`` lists filled to a width. The text is otherwise SQLAlchemy's, unchanged."""
+    out: list[str] = []
+    depth, quoted, i = 0, False, 0
+    clause: dict[int, str] = {}
+    flat = " ".join(line.strip() for line in sql.splitlines())
+
+    def column() -> int:
+        text = "".join(out)
+        return len(text) - (text.rfind("\n") + 1)
+
+    while i < len(flat):
+        ch = flat[i]
+        if ch == "'":
+            quoted = not quoted
+        elif not quoted:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                clause.pop(depth, None)
+                depth -= 1
+            else:
+                word = next(
+                    (k for k in _KEYWORDS if flat.startswith(k + " ", i) and (i == 0 or flat[i - 1] in " (")), None
+                )
+                if word == "FROM" and flat.endswith("DISTINCT ", 0, i):
+                    word = None  # IS DISTINCT FROM
+                if word is not None:
+                    if word != "WITH" and out and out[-1] == " ":
+                        out[-1] = "\n" + "  " * depth
+                    clause[depth] = word
+                elif ch == "," and flat.startswith(", ", i):
+                    kind = clause.get(depth)
+                    if kind in ("SET", "WITH") or (kind in ("SELECT", "RETURNING") and column() > _WIDTH):
+                        out.append(",\n" + "  " * (depth + 1))
+                        i += 2
+                        continue
+                elif clause.get(depth) == "WHERE" and flat.startswith(" AND ", i):
+                    out.append("\n" + "  " * (depth + 1) + "AND ")
+                    i += 5
+                    continue
+        out.append(ch)
+        i += 1
+    return "".join(out).strip()
+
+
+def render(stmt: Any, dialect: str) -> str:
+    """``stmt`` as SQL text of ``dialect`` (``postgresql`` or ``sqlite``), as the store compiles it: the
+    table's constants (states, event names, settings) written as literals, what a caller presents as its
+    named parameter (``:p_<name>``). The store sends the same text with the driver's placeholders
+    (PostgreSQL: ``$1``, ``$2``, ... in order of first appearance)."""
+    c = stmt.compile(dialect=_dialect(dialect), compile_kwargs={"render_postcompile": True})
+    constants = {k: v for k, v in c.params.items() if not k.startswith("p_")}
+
+    def sub(m: Any) -> str:
+        name = m.group(1)
+        if name not in constants:
+            return str(m.group(0))
+        return "NULL" if constants[name] is None else _literal(constants[name])
+
+    return _layout(re.sub(r"(?<![:\w]):(\w+)", sub, c.string))

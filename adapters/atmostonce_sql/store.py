@@ -169,9 +169,9 @@ class SqlStore(SqlClaims, Operations):
 
     @property
     def _sql(self) -> Statements:
-        """The statement builder of the store's table (rebuilt when the table is replaced)."""
-        if self._builder is None or self._builder.table is not self.table:
-            self._builder = Statements(self.table, self.dialect)
+        """The statement builder of the store's table and clock (rebuilt when either is replaced)."""
+        if self._builder is None or self._builder.table is not self.table or self._builder.now is not self._now:
+            self._builder = Statements(self.table, self.dialect, self._now)
         return self._builder
 
     # -- plumbing -------------------------------------------------------------------------
