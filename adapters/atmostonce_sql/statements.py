@@ -21,7 +21,7 @@ from atmostonce.audit import HISTORY_FIELDS, reconciliation_step
 from atmostonce.table import Table
 
 from .effects import SQL_EFFECTS
-from .guards import SQL_GUARDS
+from .guards import SQL_GUARDS, GuardRefs
 from .schema import history, intents, meta, rate_limits, reconciliations, sequences
 
 __all__ = ["SUBMITTED", "Statements", "db_now", "render", "store_epoch"]
@@ -73,7 +73,14 @@ class Statements:
     """The statements of ``table``'s events on ``dialect`` (``postgresql`` or ``sqlite``); ``now`` is the
     clock expression the statements judge leases and stamp rows by (default: the database clock)."""
 
-    def __init__(self, table: Table, dialect: str, now: sa.ColumnElement[Any] | None = None):
+    def __init__(
+        self, table: Table, dialect: str, now: sa.ColumnElement[Any] | None = None, approval_table: Any = None
+    ):
+        if approval_table is None:
+            from atmostonce.table import machine
+
+            approval_table = machine("approval")
+        self.approval_table = approval_table
         self.table = table
         self.dialect = dialect
         self.now = db_now(dialect) if now is None else now
@@ -141,7 +148,8 @@ class Statements:
         off = frozenset(disabled)
         c = intents.c
         where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
-        where += [SQL_GUARDS[g](c, self.now) for g in ev.guards if g not in off]
+        x = GuardRefs(c.key, None, self.table, self.approval_table)  # an intent move: the row's own key
+        where += [SQL_GUARDS[g](c, self.now, x) for g in ev.guards if g not in off]
         if ev.couples and not coupled:
             where.append(c.requires_approval.is_(sa.false()))
         if not coupled:
@@ -159,7 +167,7 @@ class Statements:
         checked = [g for g in ev.guards if g not in off]  # what this statement evaluates
         diagnose = sa.select(
             c.state,
-            *[sa.case((SQL_GUARDS[g](c, self.now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
+            *[sa.case((SQL_GUARDS[g](c, self.now, x), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
             c.requires_approval,
             sa.exists().where(rate_limits.c.account == c.account).label("rate_limited_account"),
         ).where(c.key == sa.bindparam("p_key"))

@@ -133,6 +133,7 @@ class SqlStore(SqlClaims, Operations):
         ha: str | None = None,
     ):
         self.engine = engine
+        self.core = self  # the store is its own StoreCore: Operations composes every operation over it
         self.async_outcomes = bool(async_outcomes)
         """PostgreSQL: the table's outcome moves (``Table.outcome_events``) commit with
         ``synchronous_commit = off``; the authorization before the bytes always waits for the disk."""
@@ -170,9 +171,11 @@ class SqlStore(SqlClaims, Operations):
     @property
     def _sql(self) -> Statements:
         """The statement builder of the store's table and clock (rebuilt when either is replaced)."""
-        if self._builder is None or self._builder.table is not self.table or self._builder.now is not self._now:
-            self._builder = Statements(self.table, self.dialect, self._now)
-        return self._builder
+        b = self._builder
+        mine = (self.table, self._now, self.approval_table)
+        if b is None or any(x is not y for x, y in zip((b.table, b.now, b.approval_table), mine, strict=True)):
+            b = self._builder = Statements(self.table, self.dialect, self._now, self.approval_table)
+        return b
 
     # -- plumbing -------------------------------------------------------------------------
     def _tx(self, autocommit: bool = False) -> contextlib.AbstractContextManager[Connection]:
