@@ -79,24 +79,24 @@ spec-check: $(STAMP)
 	$(BIN)/atmostonce spec check
 
 lint: $(STAMP)
-	$(BIN)/ruff check reference adapters tests mutation spec
-	$(BIN)/ruff format --check reference adapters tests mutation spec
+	$(BIN)/ruff check reference adapters tests mutation spec tools
+	$(BIN)/ruff format --check reference adapters tests mutation spec tools
 
 ## mypy: --strict on the atmostonce package, a lighter pass on the adapters ([tool.mypy] in pyproject.toml), and
-## tests/typing_protocols.py: the shipped stores and transports satisfy their protocols;
+## tests/typing_protocols.py: the shipped stores and transports satisfy their protocols; tools/ (the docs generator) strict;
 ## incremental, cached in build/mypy-cache
 TYPED := atmostonce atmostonce_sql atmostonce_http atmostonce_cli atmostonce_matrix atmostonce_email atmostonce_function atmostonce_console
 typecheck: $(STAMP)
-	$(BIN)/mypy $(addprefix -p ,$(TYPED)) -m tests.typing_protocols
+	$(BIN)/mypy $(addprefix -p ,$(TYPED)) -p tools -m tests.typing_protocols
 
 ## regenerate docs/ tables and diagrams from spec/table.toml (docs/state-machine.md, docs/guards.md, docs/sql.md)
 docs: $(STAMP)
-	$(BIN)/python -m atmostonce.docgen --write
+	$(BIN)/python -m tools.docgen --write
 	$(BIN)/python -m mutation.report --write
 	$(BIN)/python spec/sqldoc.py --write
 
 docs-check: $(STAMP)
-	$(BIN)/python -m atmostonce.docgen --check
+	$(BIN)/python -m tools.docgen --check
 	$(BIN)/python -m mutation.report --check || { echo "docs/guards.md is stale: run make docs"; exit 1; }
 	$(BIN)/python spec/sqldoc.py --check
 
@@ -206,6 +206,12 @@ wheel-check: $(STAMP)
 	  from atmostonce_http.profile import profiles_dir, shipped_profiles; assert 'site-packages' in str(profiles_dir()); \
 	  assert {'local-sink', 'json-server', 'matrix'} <= set(shipped_profiles()), shipped_profiles(); \
 	  print('wheel ships the table:', p)"
+	@# the docs generator is a repository tool (tools/docgen.py), not part of the wheel; the core imports no TOML
+	cd build && wheel-check/venv/bin/python -c "import importlib.util, sys; import atmostonce; \
+	  assert importlib.util.find_spec('atmostonce.docgen') is None, 'the wheel ships atmostonce.docgen'; \
+	  assert importlib.util.find_spec('tools') is None, 'the wheel ships tools/'; \
+	  assert sys.modules['atmostonce.table'].table.cache_info().currsize == 0, 'import atmostonce read the table'; \
+	  assert 'atmostonce.conformance' not in sys.modules, 'import atmostonce loaded the conformance suite'"
 	cd build && wheel-check/venv/bin/atmostonce spec check
 	cd build && wheel-check/venv/bin/python -c "import pathlib, atmostonce, atmostonce_sql, atmostonce_http; \
 	  missing = [m.__name__ for m in (atmostonce, atmostonce_sql, atmostonce_http) \

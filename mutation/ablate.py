@@ -50,8 +50,8 @@ SUITES = {
         "postgresql",
         ["tests/test_store_differential.py::test_postgresql_agrees_with_model"],
     ),
-    # test_runtime_details drives the dispatcher over the model only (its ids carry no store name)
-    "runtime": (["tests/test_runtime.py"], "memory", ["tests/test_runtime_details.py"]),
+    # test_runtime_loops drives the dispatcher over the model only (its ids carry no store name)
+    "runtime": (["tests/test_runtime.py"], "memory", ["tests/test_runtime_loops.py"]),
 }
 # the approval and claim machines (issue 5): their mutants run the tests aimed at those machines
 CLAIM_TARGETED = [

@@ -227,9 +227,12 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         lines.append(
             f"{len(revived)} mutants survived a first run and were killed after new tests were added "
             "(tests/test_refusal_messages.py, tests/test_identity_format.py, tests/test_gate_scoping.py, "
-            f"tests/test_checks.py, tests/test_table_details.py, tests/test_docgen_details.py, "
-            "tests/test_sql_guards_details.py and the tests/test_*_details*.py files of model, claims, audit, "
-            "runtime, store and records); each was run again by name:"
+            "tests/test_checks.py, tests/test_machine_loading.py, tests/test_docgen_command.py, "
+            "tests/test_rate_window_edge.py, tests/test_intake_limits.py, tests/test_lease_intake.py, "
+            "tests/test_operation_arguments.py, tests/test_store_reads_and_refusals.py, "
+            "tests/test_claim_and_approval_records.py, tests/test_audit_verify_report.py, "
+            "tests/test_audit_chain_format.py, tests/test_settlement_rule.py and tests/test_runtime_loops.py); "
+            "each was run again by name:"
         )
         lines.append("")
         lines += [f"* `{n}`" for n in revived]

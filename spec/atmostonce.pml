@@ -1152,7 +1152,7 @@ inline plan_reset() {
 /* begin (worker): pending -> pending
    guards: no_open_attempt, attempts_remaining
    effects: open_attempt
-   source: 004 SM (begin is the only creator of attempts), 004 M1 */
+   source: docs/design.md#two-rows-intents-and-attempts (begin is the only creator of attempts) */
 inline ev_begin() {
   d_step {
     if
@@ -1179,7 +1179,7 @@ inline ev_begin() {
 /* authorize_dispatch (worker): pending -> authorized
    guards: lease_holder, restore_epoch_current, lease_live, request_digest_matches, kill_switch_off, credential_current, contract_supported, text_window_clear, source_is_head, rate_limit_clear
    effects: extend_lease, write_descriptor, claim_text_slot, take_rate_slot
-   source: 004 M2 (last checkpoint before bytes), 004 M3 */
+   source: docs/design.md#the-gate-is-the-conditional-write (last checkpoint before bytes), docs/design.md#asymmetric-lease-expiry */
 inline ev_authorize_dispatch() {
   d_step {
     if
@@ -1219,7 +1219,7 @@ inline ev_authorize_dispatch() {
 /* block_at_gate (worker): pending -> parked
    guards: lease_holder, restore_epoch_current
    effects: close_attempt
-   source: 004 Recovery (a block at publish time is terminal) */
+   source: docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract (a block at publish time is terminal) */
 inline ev_block_at_gate() {
   d_step {
     if
@@ -1246,7 +1246,7 @@ inline ev_block_at_gate() {
 /* record_success (worker): authorized -> authorized
    guards: lease_holder, restore_epoch_current
    effects: set_remote_id
-   source: 004 SM, 004 M4 (response is not proof: read back next) */
+   source: docs/design.md#response-is-not-proof (response is not proof: read back next) */
 inline ev_record_success() {
   d_step {
     if
@@ -1268,7 +1268,7 @@ inline ev_record_success() {
 /* confirm_read_back (worker): authorized -> published
    guards: lease_holder, restore_epoch_current, remote_id_known
    effects: close_attempt
-   source: 004 M4 */
+   source: docs/design.md#read-back-compares-what-was-approved */
 inline ev_confirm_read_back() {
   d_step {
     if
@@ -1297,7 +1297,7 @@ inline ev_confirm_read_back() {
 /* read_back_failed (worker): authorized -> indeterminate
    guards: lease_holder, restore_epoch_current, remote_id_known
    effects: close_attempt
-   source: 004 M4 (not found yet or differs: unknown) */
+   source: docs/design.md#read-back-compares-what-was-approved (not found yet or differs: unknown) */
 inline ev_read_back_failed() {
   d_step {
     if
@@ -1326,7 +1326,7 @@ inline ev_read_back_failed() {
 /* record_not_sent (worker): authorized -> failed
    guards: lease_holder, restore_epoch_current
    effects: close_attempt, release_text_slot
-   source: 004 SM (definitive not-sent) */
+   source: docs/design.md#one-table-read-by-everything (definitive not-sent) */
 inline ev_record_not_sent() {
   d_step {
     if
@@ -1356,7 +1356,7 @@ inline ev_record_not_sent() {
 /* record_unknown (worker): authorized -> indeterminate
    guards: lease_holder, restore_epoch_current
    effects: close_attempt
-   source: 004 SM (unknown stays unknown) */
+   source: docs/design.md#no-automatic-resend (unknown stays unknown) */
 inline ev_record_unknown() {
   d_step {
     if
@@ -1384,7 +1384,7 @@ inline ev_record_unknown() {
 /* expire_lease (sweeper): authorized -> indeterminate
    guards: lease_holder, lease_expired
    effects: close_attempt
-   source: 004 SM (crash: lease expiry), 004 M3 (post-authorization never recovered) */
+   source: docs/design.md#asymmetric-lease-expiry (crash: lease expiry; post-authorization never recovered) */
 inline ev_expire_lease() {
   d_step {
     if
@@ -1411,7 +1411,7 @@ inline ev_expire_lease() {
 /* abandon_attempt (sweeper): pending -> pending
    guards: lease_holder, lease_expired
    effects: close_attempt
-   source: 004 M3 (pre-authorization stale worker rejected, row freed), 002 */
+   source: docs/design.md#asymmetric-lease-expiry (pre-authorization stale worker rejected, row freed) */
 inline ev_abandon_attempt() {
   d_step {
     if
@@ -1437,7 +1437,7 @@ inline ev_abandon_attempt() {
 /* reconcile_found (reconciler): indeterminate -> published
    guards: plan_unchanged
    effects: set_remote_id, count_reconcile
-   source: 004 SM (reconcile: found), 003 */
+   source: docs/design.md#the-runtime (reconcile: found), docs/design.md#reconciliation-records */
 inline ev_reconcile_found() {
   d_step {
     if
@@ -1461,7 +1461,7 @@ inline ev_reconcile_found() {
 /* reconcile_not_found (reconciler): indeterminate -> indeterminate
    guards: plan_unchanged, reconcile_budget_left
    effects: count_reconcile
-   source: 004 M4 (a lookup that finds nothing resolves nothing) */
+   source: docs/design.md#a-fence-is-a-tombstone (a lookup that finds nothing resolves nothing) */
 inline ev_reconcile_not_found() {
   d_step {
     if
@@ -1485,7 +1485,7 @@ inline ev_reconcile_not_found() {
 /* reconcile_unproven (reconciler): indeterminate -> indeterminate
    guards: plan_unchanged, reconcile_budget_left
    effects: count_reconcile, bump_fence_epoch
-   source: 004 M4 (a fenced lookup tombstones the key even when its answer proves nothing) */
+   source: docs/design.md#a-fence-is-a-tombstone (a fenced lookup tombstones the key even when its answer proves nothing) */
 inline ev_reconcile_unproven() {
   d_step {
     if
@@ -1511,7 +1511,7 @@ inline ev_reconcile_unproven() {
 /* reconcile_absent (reconciler): indeterminate -> failed
    guards: plan_unchanged, evidence_fenced, no_remote_object, absence_provable
    effects: count_reconcile, release_text_slot, bump_fence_epoch
-   source: 004 M4 (idempotency-status lookup resolves both ways), 002 */
+   source: docs/design.md#a-fence-is-a-tombstone (idempotency-status lookup resolves both ways) */
 inline ev_reconcile_absent() {
   d_step {
     if
@@ -1540,7 +1540,7 @@ inline ev_reconcile_absent() {
 /* park_unreconcilable (reconciler): indeterminate -> parked
    guards: plan_unchanged
    effects: -
-   source: 004 SM (reconciliation unavailable or exhausted) */
+   source: docs/design.md#the-runtime (reconciliation unavailable or exhausted) */
 inline ev_park_unreconcilable() {
   d_step {
     if
@@ -1559,7 +1559,7 @@ inline ev_park_unreconcilable() {
 /* retry (worker): failed -> pending
    guards: attempts_remaining
    effects: -
-   source: 004 SM (retry only from failed, creates nothing) */
+   source: docs/design.md#static-checks (retry only from failed), docs/design.md#two-rows-intents-and-attempts (it creates no attempt) */
 inline ev_retry() {
   d_step {
     if
@@ -1578,7 +1578,7 @@ inline ev_retry() {
 /* exhaust (worker): failed, pending -> parked
    guards: no_open_attempt, attempts_exhausted
    effects: -
-   source: 004 SM (attempt cap parks instead of looping) */
+   source: docs/design.md#attempt-cap (attempt cap parks instead of looping) */
 inline ev_exhaust() {
   d_step {
     if
@@ -1598,7 +1598,7 @@ inline ev_exhaust() {
 /* park (operator, human): pending, failed, indeterminate -> parked
    guards: operator_identified
    effects: close_attempt
-   source: 004 SM (whenever the operator says stop; not while a send lease is live) */
+   source: docs/design.md#static-checks (whenever the operator says stop; not while a send lease is live) */
 inline ev_park() {
   d_step {
     if
@@ -1623,7 +1623,7 @@ inline ev_park() {
 /* resolve_published (operator, human): parked -> published
    guards: operator_identified
    effects: set_remote_id
-   source: 004 SM (parked is human-owned) */
+   source: docs/design.md#static-checks (parked is human-owned) */
 inline ev_resolve_published() {
   d_step {
     if
@@ -1645,7 +1645,7 @@ inline ev_resolve_published() {
 /* resolve_not_sent (operator, human): parked -> failed
    guards: operator_identified
    effects: grant_attempt, release_text_slot
-   source: 004 SM (parked is human-owned) */
+   source: docs/design.md#static-checks (parked is human-owned) */
 inline ev_resolve_not_sent() {
   d_step {
     if
@@ -1676,7 +1676,7 @@ inline ev_resolve_not_sent() {
 /* resend (operator, human): parked -> pending
    guards: operator_identified
    effects: bump_resend_epoch, grant_attempt
-   source: issue 4 (deliberate re-send carries a resend epoch) */
+   source: docs/design.md#resend-epoch (deliberate re-send carries a resend epoch) */
 inline ev_resend() {
   d_step {
     if
@@ -1708,7 +1708,7 @@ inline ev_resend() {
 /* restore_fence (operator, human): pending, authorized, failed -> indeterminate
    guards: operator_identified
    effects: fence_restore
-   source: 004 M5 (restore protocol: after a restore, work in flight or queued may already have been sent) */
+   source: docs/design.md#the-restore-protocol (after a restore, work in flight or queued may already have been sent) */
 inline ev_restore_fence() {
   d_step {
     if

@@ -1,4 +1,4 @@
-"""The ablation hooks exist only for the mutation runner (issue 8): no configuration switches them on."""
+"""The ablation hooks exist only for the mutation runner (docs/design.md#static-checks): no configuration switches them on."""
 
 from __future__ import annotations
 

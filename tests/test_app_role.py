@@ -1,4 +1,4 @@
-"""The application's PostgreSQL role (issue 5): real store operations succeed as that role, and every
+"""The application's PostgreSQL role (docs/design.md#the-audit-order-tamper-evidence-the-role-reconciliation-records): real store operations succeed as that role, and every
 append-only table refuses UPDATE, DELETE and TRUNCATE by privilege, before any trigger runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The audit history (issue 5): ordered by the store's sequence, and tamper-evident through a
+"""The audit history (docs/design.md#the-audit-order-tamper-evidence-the-role-reconciliation-records): ordered by the store's sequence, and tamper-evident through a
 per-intent hash chain, on the model, SQLite and PostgreSQL."""
 
 from __future__ import annotations

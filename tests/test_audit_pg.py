@@ -1,4 +1,4 @@
-"""The audit chain under real concurrency on PostgreSQL (issue 5).
+"""The audit chain under real concurrency on PostgreSQL (docs/design.md#the-audit-order-tamper-evidence-the-role-reconciliation-records).
 
 A writer that waited on the intent's row lock must chain its history row to the row the writer it
 waited for committed meanwhile: the statement's own snapshot predates that row, so the previous

@@ -1,4 +1,4 @@
-"""Each static check of the transition tables names exactly what is wrong (issue 8).
+"""Each static check of the transition tables names exactly what is wrong (docs/design.md#static-checks).
 
 tests/test_table.py and tests/test_claims.py show that every check bites on some broken table; these
 break the shipped tables (``spec/table.toml``, ``spec/claim.toml``) one way at a time and assert the

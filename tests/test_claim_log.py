@@ -11,7 +11,7 @@ from atmostonce import GuardRefused, IllegalMove
 from atmostonce.records import ClaimEntry, Refusal
 from tests.helpers import submit
 from tests.test_claims import TARGET, approve, gated, reserve
-from tests.test_model_details import second_attempt
+from tests.test_store_reads_and_refusals import second_attempt
 
 
 def _stale_release_after_replace(any_store):

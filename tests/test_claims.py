@@ -1,4 +1,4 @@
-"""Approvals bound to exact bytes and per-target dispatch claims (issue 5; seeds 001, 002, 003), on the
+"""Approvals bound to exact bytes and per-target dispatch claims (docs/design.md#approvals-and-per-target-dispatch-claims), on the
 model, SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_every_machine_check_bites(monkeypatch):
         assert name in check_machines(t, ms), name
 
 
-# ---------------------------------------------------------------- approvals (seed 001)
+# ---------------------------------------------------------------- approvals (docs/design.md#approvals-and-per-target-dispatch-claims)
 def test_an_approval_without_an_approver_is_refused_and_writes_nothing(any_store):
     s = any_store.store
     it = gated(s)
@@ -272,7 +272,7 @@ def test_approved_dispatched_and_confirmed_stay_three_facts(any_store):
     assert s.approval(apv.approval_id).used_epoch == claim.epoch
 
 
-# ---------------------------------------------------------------- target version (seed 001)
+# ---------------------------------------------------------------- target version (docs/design.md#approvals-and-per-target-dispatch-claims)
 def test_the_loser_of_two_approvals_on_one_target_stays_pending_with_nothing_sent(any_store):
     s = any_store.store
     a, b = gated(s, "draft a"), gated(s, "draft b")  # parallel drafting on one target is allowed
@@ -311,7 +311,7 @@ def test_a_version_bump_while_reserved_stops_the_send(any_store):
     assert s.claim(TARGET).key == b.key
 
 
-# ---------------------------------------------------------------- the claim (seed 002)
+# ---------------------------------------------------------------- the claim (docs/design.md#approvals-and-per-target-dispatch-claims)
 def test_parallel_drafts_one_dispatch(any_store):
     s = any_store.store
     drafts = [gated(s, f"draft {i}") for i in range(3)]
@@ -456,7 +456,7 @@ def test_intents_without_an_approval_requirement_never_touch_claims(any_store):
     assert s.claim(TARGET) is None and s.claim_history(TARGET) == []
 
 
-# ---------------------------------------------------------------- seed 002's two SQL traps, on both dialects
+# ---------------------------------------------------------------- docs/design.md#two-sql-traps, on both dialects
 def test_trap_one_a_partial_unique_index_forbids_parallel_drafts_our_schema_allows_them(sql_store):
     """A UNIQUE(target) WHERE status IN (open statuses) index refuses a second pending draft; our schema
     keeps drafting parallel and serializes dispatch in a separate per-target claim row instead."""

@@ -1,4 +1,4 @@
-"""Approval-gated dispatch end to end through the platform sink, on every store (issue 5): the runtime
+"""Approval-gated dispatch end to end through the platform sink, on every store (docs/design.md#approvals-and-per-target-dispatch-claims): the runtime
 asks for an approval of the exact bytes and the target's claim; a loser or a lapsed approval sends nothing."""
 
 from __future__ import annotations

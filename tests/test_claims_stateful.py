@@ -1,5 +1,5 @@
 """The shipped claims machine (``atmostonce.testing.claims_stateful``) on the model alone and against
-SQLite and PostgreSQL, step by step (issue 5)."""
+SQLite and PostgreSQL, step by step (docs/design.md#approvals-and-per-target-dispatch-claims)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The command line: the demo main job, operator commands, exit codes and --json (issue 4)."""
+"""The command line: the demo main job, operator commands, exit codes and --json (docs/design.md#the-runtime)."""
 
 from __future__ import annotations
 

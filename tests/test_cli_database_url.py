@@ -1,4 +1,4 @@
-"""Which database a CLI command acts on (issue 22): ``$ATMOSTONCE_DATABASE_URL`` when ``--database-url`` is
+"""Which database a CLI command acts on (docs/operations.md): ``$ATMOSTONCE_DATABASE_URL`` when ``--database-url`` is
 absent, for every command; ``db upgrade`` names it (password hidden); commands that only read or work on
 existing intents never create a SQLite file from a mistyped path."""
 

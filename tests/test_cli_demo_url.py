@@ -1,4 +1,4 @@
-"""The URL the demo prints works with ``--database-url`` (issue 22): on PostgreSQL it printed a fragment
+"""The URL the demo prints works with ``--database-url`` (docs/operations.md): on PostgreSQL it printed a fragment
 (``/demo?host=...``) and told the user to pass it on; now it prints the whole URL with only the password
 left out, and the command it prints, run as printed, reads the demo's intents."""
 

@@ -1,4 +1,4 @@
-"""Every operator command names its person (issue 22): ``retract``, ``policy rate-limit``, ``policy
+"""Every operator command names its person (docs/operations.md): ``retract``, ``policy rate-limit``, ``policy
 credential`` and ``policy contract`` require a non-blank ``--operator`` like park and resolve, and write
 nothing without one; ``rate-limit --clear`` reports that the limit was cleared."""
 

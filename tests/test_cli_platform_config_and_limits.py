@@ -1,4 +1,4 @@
-"""Bad input to the worker commands is a clean usage error (issue 22): a malformed ``--platform-config``
+"""Bad input to the worker commands is a clean usage error (docs/operations.md): a malformed ``--platform-config``
 (missing, unreadable, not JSON, not an object, unknown fields, wrong types) exits 2 with no traceback; a
 negative ``--limit`` is refused alike on SQLite and PostgreSQL; ``reconcile --limit 0`` looks nothing up."""
 

@@ -1,4 +1,4 @@
-"""Every policy in one place (issue 22): ``policy show [--account A]`` prints the kill switches, rate limits,
+"""Every policy in one place (docs/operations.md): ``policy show [--account A]`` prints the kill switches, rate limits,
 credential and contract versions, signing policy and the duplicate-text window, in text and ``--json``;
 a policy for an account (or a contract for a platform) the store has never seen is written but warned
 (``--json``: ``warning`` naming it), so a misspelled name is not accepted silently."""

@@ -1,4 +1,4 @@
-"""A refused operator move says what to do first (issue 22): ``resolve`` on an intent that is not parked
+"""A refused operator move says what to do first (docs/operations.md): ``resolve`` on an intent that is not parked
 names the guard and the state, and the operator moves (from the loaded table) that lead to a state it
 starts from; following the hint makes the move succeed."""
 

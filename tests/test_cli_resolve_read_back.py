@@ -1,4 +1,4 @@
-"""``resolve --published REMOTE_ID`` reads the remote id back before it is accepted (issue 22): on a platform
+"""``resolve --published REMOTE_ID`` reads the remote id back before it is accepted (docs/operations.md): on a platform
 with read-back (the local sink and json-server, a REST server nobody here wrote) an id the platform does
 not have, or an object that does not hold what was approved, is refused (``NotVerified``, exit 1) and
 nothing moves; ``--unverified`` accepts it and records it as asserted by the operator, not verified; without

@@ -1,4 +1,4 @@
-"""A retraction on a platform that cannot delete no longer waits in the queue for ever (issue 22): with
+"""A retraction on a platform that cannot delete no longer waits in the queue for ever (docs/operations.md): with
 ``--platform-config`` ``retract`` refuses it before anything is queued (``RetractionUnsupported``, exit 1,
 ``--json`` ``unsupported`` with the table's outcome for it); without one the output says the capability was
 not checked; and a ``work`` pass names each queued retraction its transport cannot carry."""

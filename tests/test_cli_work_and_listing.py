@@ -1,4 +1,4 @@
-"""What the worker pass and the listings tell a person (issue 22): ``work`` exits non-zero and names the key
+"""What the worker pass and the listings tell a person (docs/operations.md): ``work`` exits non-zero and names the key
 when a send's outcome stays unknown; ``intents list`` says when it cut the list at ``--limit``; ``intents
 show`` prints the platform idempotency key and the request body, what is needed to find the post."""
 

@@ -1,9 +1,10 @@
-"""Generated docs match the table; the docs never claim exactly-once delivery (issue 2)."""
+"""Generated docs match the table; the docs never claim exactly-once delivery (docs/design.md#one-table-read-by-everything)."""
 
+import shutil
 from pathlib import Path
 
-from atmostonce.docgen import GENERATED, lint_claims, main, render_state_machine
 from atmostonce.table import table
+from tools.docgen import GENERATED, anchors, lint_claims, lint_links, main, render_state_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,3 +42,47 @@ def test_docs_check_fails_on_an_exactly_once_claim(tmp_path):
     (tmp_path / "docs" / GENERATED).write_text(render_state_machine())
     (tmp_path / "docs" / "bad.md").write_text("Our outbox gives exactly-once delivery.\n")
     assert main(["--root", str(tmp_path), "--check"]) == 1
+
+
+def _repo_with(tmp_path, design: str):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "design.md").write_text(design)
+    return tmp_path
+
+
+def test_anchors_are_headings_named_as_github_does_and_explicit_ids():
+    text = '# The model and `transitions`\n\n## Leases, fencing: the clock\n\n## Limits\n\n## Limits\n\n<a id="rule-x"></a>\n'
+    assert anchors(text) == {"the-model-and-transitions", "leases-fencing-the-clock", "limits", "limits-1", "rule-x"}
+
+
+def test_a_heading_inside_a_code_block_is_no_anchor():
+    assert anchors("```sh\n# not a heading\n```\n") == set()
+
+
+def test_a_link_to_a_missing_anchor_is_named(tmp_path):
+    root = _repo_with(tmp_path, "# Design\n\n## Leases\n\nSee [leases](#leases) and [gone](#the-gate).\n")
+    assert lint_links(root) == [f"{root / 'docs' / 'design.md'}: link to a missing anchor: #the-gate"]
+
+
+def test_a_link_to_a_missing_page_is_named(tmp_path):
+    root = _repo_with(tmp_path, "# Design\n\nSee [the runbook](runbook.md).\n")
+    assert lint_links(root) == [f"{root / 'docs' / 'design.md'}: link to a missing file: runbook.md"]
+
+
+def test_a_code_citation_of_a_missing_section_is_named(tmp_path):
+    root = _repo_with(tmp_path, '# Design\n\n## Leases\n\n<a id="asymmetric-lease-expiry"></a>Text.\n')
+    cite = "docs/design.md#"  # split, so that this file cites nothing itself
+    (root / "reference").mkdir()
+    (root / "reference" / "core.py").write_text(
+        f'"""Cites {cite}leases and {cite}asymmetric-lease-expiry."""\n# {cite}seed-004\n'
+    )
+    assert lint_links(root) == [f"{root / 'reference' / 'core.py'}: cites a missing section: {cite}seed-004"]
+
+
+def test_docs_check_fails_on_a_broken_link(tmp_path, capsys):
+    root = tmp_path
+    shutil.copytree(ROOT / "docs", root / "docs")
+    with (root / "docs" / "design.md").open("a", encoding="utf-8") as f:
+        f.write("\nSee [gone](#no-such-section).\n")
+    assert main(["--root", str(root), "--check"]) == 1
+    assert capsys.readouterr().err == f"{root / 'docs' / 'design.md'}: link to a missing anchor: #no-such-section\n"

@@ -5,9 +5,26 @@ from __future__ import annotations
 
 import pytest
 
-from atmostonce.errors import NoSynchronousStandby, NotVerified, RetractionUnsupported, SequenceBehind
+from atmostonce.errors import (
+    IntakeCode,
+    IntakeError,
+    NoSynchronousStandby,
+    NotVerified,
+    RetractionUnsupported,
+    SequenceBehind,
+)
 
 CASES = {
+    "intake_error": (
+        lambda: IntakeError(
+            "target is longer than 1024 characters", field="target", code=IntakeCode.TOO_LONG, limit=1024
+        ),
+        {"field": "target", "code": "too_long", "limit": 1024},
+    ),
+    "intake_error_without_a_bound": (
+        lambda: IntakeError("give exactly one of expires_in and signed"),
+        {"field": None, "code": None, "limit": None},
+    ),
     "no_synchronous_standby": (
         lambda: NoSynchronousStandby("authorize_dispatch", "k" * 64, "", 0),
         {"event": "authorize_dispatch", "key": "k" * 64, "standby_names": "", "sync_standbys": 0},

@@ -1,4 +1,4 @@
-"""The install (issue 20): ``pip install atmostonce`` has what the core, the SQLite store and the HTTP transport need
+"""The install (docs/design.md#the-outbox-service): ``pip install atmostonce`` has what the core, the SQLite store and the HTTP transport need
 and nothing more; PostgreSQL, Synapse and the conformance suite come with extras; ``.[test]`` has them all.
 
 The dependency lists are read from pyproject.toml; the claim that the core needs nothing else is checked by running

@@ -1,4 +1,4 @@
-"""The front door (issue 20): ``atmostonce.open_store`` resolves a URL's scheme through the ``atmostonce.stores``
+"""The front door (docs/design.md#the-outbox-service): ``atmostonce.open_store`` resolves a URL's scheme through the ``atmostonce.stores``
 entry points, and nothing imports a store opener from the CLI package."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Any Python call as a transport (issue 19): smtplib against a real SMTP server on loopback, through the
+"""Any Python call as a transport (docs/platforms.md): smtplib against a real SMTP server on loopback, through the
 dispatcher, sweeper and reconciler on SQLite; exceptions classified by spec/exception_outcomes.toml.
 
 Duplicates are counted from the SMTP server's own record of the messages it accepted (``LoopbackSMTP``),

@@ -1,4 +1,4 @@
-"""The stateful machine over the reference model alone (issue 2): invariants after every step."""
+"""The stateful machine over the reference model alone (docs/design.md#one-table-read-by-everything): invariants after every step."""
 
 from hypothesis import settings
 

@@ -1,4 +1,4 @@
-"""Processes racing for one target's dispatch claim on a real PostgreSQL (issue 5): two approved drafts on
+"""Processes racing for one target's dispatch claim on a real PostgreSQL (docs/design.md#approvals-and-per-target-dispatch-claims): two approved drafts on
 one target, each pushed by its own process with its own connections; exactly one is sent every round."""
 
 from __future__ import annotations

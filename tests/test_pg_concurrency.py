@@ -1,4 +1,4 @@
-"""Real concurrency on PostgreSQL: threads with their own connections race on one intent (issue 3)."""
+"""Real concurrency on PostgreSQL: threads with their own connections race on one intent (docs/design.md#the-gate-is-the-conditional-write)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A real backup and restore on PostgreSQL (issue 6): pg_dump while a worker holds a lease, the
+"""A real backup and restore on PostgreSQL (docs/design.md#fencing-that-survives-a-restore): pg_dump while a worker holds a lease, the
 worker sends, the database is restored (sequences back to the dump's values, as a restore does),
 the restore is declared; the old worker is refused before any byte, a straggler past its send and a
 reconciler's plan from before the restore are refused, and nothing is resent (docs/formal.md)."""

@@ -170,7 +170,7 @@ COMPLETING = {
 @pytest.mark.parametrize("event", sorted(COMPLETING))
 def test_a_straggler_completing_write_after_a_restore_is_refused(any_store, event):
     """Fencing on (epoch, generation): the restored row still shows the straggler's token and
-    generation, but its lease is of an older restore epoch (issue 6; docs/formal.md, F3)."""
+    generation, but its lease is of an older restore epoch (docs/formal.md, F3)."""
     s = any_store.store
     where, write = COMPLETING[event]
     it = submit(s, text=event)

@@ -1,4 +1,4 @@
-"""Per-account rate limits in the policy layer (issue 6; seed 004, "Recovery": caps and rate limits are read
+"""Per-account rate limits in the policy layer (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract: caps and rate limits are read
 before anything fires, so raising one releases a backlog at the configured rate, not at once). On every store."""
 
 from __future__ import annotations

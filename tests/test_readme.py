@@ -1,4 +1,4 @@
-"""The README's Python blocks run verbatim (issue 20), in order, as one script, twice in a row on the same SQLite
+"""The README's Python blocks run verbatim (docs/design.md#the-outbox-service), in order, as one script, twice in a row on the same SQLite
 file in a fresh folder: the second run finds every intent published and sends nothing again."""
 
 from __future__ import annotations

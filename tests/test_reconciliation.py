@@ -1,4 +1,4 @@
-"""Reconciliation records of external sends (issue 5, seed 003), on the model, SQLite and PostgreSQL.
+"""Reconciliation records of external sends (docs/design.md#reconciliation-records), on the model, SQLite and PostgreSQL.
 
 A send whose outcome becomes unknown opens its own record, keyed by the history seq of that move
 (``send_seq``), at ``unknown``; only evidence moves it: ``confirmed`` by a lookup that finds the

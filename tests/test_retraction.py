@@ -1,4 +1,4 @@
-"""Retractions (issue 5, seed 001): deleting or correcting a published object is its own delivery intent
+"""Retractions (docs/platforms.md): deleting or correcting a published object is its own delivery intent
 against the recorded remote object id, with its own read-back; the original stays published. On every
 store, through the real platform sink."""
 

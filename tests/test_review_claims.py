@@ -1,7 +1,7 @@
-"""Adversarial review of approvals bound to exact bytes and per-target dispatch claims (seeds 001-003).
+"""Adversarial review of approvals bound to exact bytes and per-target dispatch claims (docs/design.md#approvals-and-per-target-dispatch-claims).
 
-Every test here states what the feature promises and fails where the code does not keep it. They are
-meant to be red until the library is fixed; none of them sleeps or asserts on timing.
+Every test here states what the feature promises and fails where the code does not keep it; the library
+keeps all of them now. None of them sleeps or asserts on timing.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_due_approvals_checks_its_limit_on_every_store(any_store):
 
 # ---------------------------------------------------------------- model and SQL agree on the refusal record
 def test_the_recorded_claim_refusal_is_the_same_on_the_model_and_sqlite(sqlite_store):
-    """A gated authorization refused for a stale claim lease is recorded alike on the model and SQL (seed 003);
+    """A gated authorization refused for a stale claim lease is recorded alike on the model and SQL (docs/design.md#refusals-are-recorded);
     one that presents no claim lease at all has nothing to attribute and is recorded by neither."""
 
     def scenario(s, advance):
@@ -287,9 +287,9 @@ def test_an_approval_and_claim_taken_for_an_ungated_intent_do_not_outlive_its_pu
 
 
 def test_a_stale_token_arriving_after_the_claim_moved_past_reserved_is_recorded_too(any_store):
-    """Seed 003: a stale release or use is refused *and recorded* (who presented which epoch, what was
+    """docs/design.md#refusals-are-recorded: a stale release or use is refused *and recorded* (who presented which epoch, what was
     current). Only a ``claim_owner`` refusal is recorded; once the new owner's claim has moved on to
-    ``sending`` (exactly the late-waking worker of seed 003) the old token is refused by the source state
+    ``sending`` (exactly the late-waking worker of docs/design.md#refusals-are-recorded) the old token is refused by the source state
     and nothing is written: the late worker leaves no trace."""
     s = any_store.store
     a, b = gated(s, "a"), gated(s, "b")
@@ -424,7 +424,7 @@ def test_a_whitespace_only_operator_cannot_withdraw_an_approval(any_store, blank
 @pytest.mark.parametrize("blank", BLANKS, ids=BLANK_IDS)
 def test_a_whitespace_only_operator_cannot_free_an_uncertain_claim(any_store, blank):
     """And in ``operator_identified``: through ``resolve_published`` an unnamed operator moves an uncertain
-    claim to free on SQL (seed 002: uncertain is left only on remote evidence or by a *named* person)."""
+    claim to free on SQL (docs/design.md#approvals-and-per-target-dispatch-claims: uncertain is left only on remote evidence or by a *named* person)."""
     s = any_store.store
     it = gated(s)
     apv = approve(s, it)

@@ -1,4 +1,4 @@
-"""The protocol rules of seed 004, on every store: the model, SQLite and PostgreSQL (issues 2 and 3)."""
+"""The protocol rules, on every store: the model, SQLite and PostgreSQL (docs/design.md#one-table-read-by-everything, docs/design.md#the-gate-is-the-conditional-write)."""
 
 from __future__ import annotations
 

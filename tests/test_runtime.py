@@ -1,4 +1,4 @@
-"""The runtime end to end through the real platform sink, on every store (issue 4).
+"""The runtime end to end through the real platform sink, on every store (docs/design.md#the-runtime).
 
 The sink runs without idempotency-key dedupe, so a resend would be a visible
 second object: ``creates_by_key`` must never exceed one.

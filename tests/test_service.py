@@ -1,4 +1,4 @@
-"""The outbox service (issue 20): one object runs dispatch workers, the sweeper and the reconciler; it runs until
+"""The outbox service (docs/design.md#the-outbox-service): one object runs dispatch workers, the sweeper and the reconciler; it runs until
 idle, starts and stops gracefully, outlives database errors with backoff, and reports what it did."""
 
 from __future__ import annotations

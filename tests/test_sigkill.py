@@ -1,4 +1,4 @@
-"""Worker processes killed with SIGKILL at every step boundary never cause a second send (issue 4).
+"""Worker processes killed with SIGKILL at every step boundary never cause a second send (docs/design.md#the-runtime).
 
 Each worker is a real OS process on a real database, sending to the real
 platform sink (no dedupe) in this process. A worker kills itself with SIGKILL

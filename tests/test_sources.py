@@ -1,4 +1,4 @@
-"""Source-version chains with a freshness fence (issue 7), on every store."""
+"""Source-version chains with a freshness fence (docs/design.md#sources-and-the-freshness-fence), on every store."""
 
 from __future__ import annotations
 

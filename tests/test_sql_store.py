@@ -1,5 +1,5 @@
 """SQL-only properties on both dialects: schema equals migrations, append-only enforced by the
-database, unique keys and tokens, the database clock decides, driver errors are mapped (issue 3)."""
+database, unique keys and tokens, the database clock decides, driver errors are mapped (docs/design.md#the-gate-is-the-conditional-write)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The differential stateful suite (issue 3): the model and a real database, step by step.
+"""The differential stateful suite (docs/design.md#the-gate-is-the-conditional-write): the model and a real database, step by step.
 
 Runs the shipped machine (``atmostonce.testing.stateful``) against SQLite and
 PostgreSQL. Profile ``ci`` (default) keeps it bounded; ``make soak`` runs the

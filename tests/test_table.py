@@ -1,4 +1,4 @@
-"""The table loader, its schema, its immutability, and every static check (issue 2)."""
+"""The table loader, its schema, its immutability, and every static check (docs/design.md#one-table-read-by-everything)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 from atmostonce import MemoryStore
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper, Worker
 from atmostonce.testing.stateful import FakeClock
-from tests.test_runtime_details import Script, Stop
+from tests.test_runtime_loops import Script, Stop
 
 
 class FlakyKeys:

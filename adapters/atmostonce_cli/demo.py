@@ -4,7 +4,7 @@ On the embedded default (a SQLite file and the in-process platform sink) or on
 PostgreSQL (``--database-url``). The sink runs *without* idempotency-key
 dedupe, so any resend by the runtime would show up as a second object: the
 duplicate count is a real measurement, not the platform covering for us. Its
-lookup by key is fenced (seed 004 M4), so an unknown outcome whose lookup
+lookup by key is fenced (docs/design.md#a-fence-is-a-tombstone), so an unknown outcome whose lookup
 proves absence may be retried; every other unknown stays unknown.
 """
 

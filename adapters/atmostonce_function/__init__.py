@@ -1,4 +1,4 @@
-"""Any Python call as a transport (issue 19).
+"""Any Python call as a transport (docs/platforms.md).
 
 * :class:`FunctionTransport`: ``atmostonce.transport.Transport`` around a user's ``send``, optional
   ``read_back`` and optional ``lookup`` callables (an SDK call: smtplib, a chat client, a payments client).

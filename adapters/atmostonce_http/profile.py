@@ -1,4 +1,4 @@
-"""Platform profiles as data: one TOML file per platform in ``spec/platforms/`` (issue 19).
+"""Platform profiles as data: one TOML file per platform in ``spec/platforms/`` (docs/platforms.md).
 
 A profile describes a platform the way ``spec/http_outcomes.toml`` describes a classification: as data
 that the transport, the docs and the tests read. Its top level says what kind of platform it is::

@@ -1,4 +1,4 @@
-"""An HTTP transport for any JSON REST API, configured by data (seed 004 M3, M4).
+"""An HTTP transport for any JSON REST API, configured by data (docs/design.md#no-automatic-resend, docs/design.md#response-is-not-proof).
 
 :class:`HttpTransport` implements :class:`atmostonce.transport.Transport` on
 httpx. One :meth:`HttpTransport.send` puts at most one request on the wire:

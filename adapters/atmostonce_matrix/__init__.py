@@ -1,4 +1,4 @@
-"""Matrix transport for atmostonce, plus a throwaway Synapse and a TCP fault proxy to test it against (issue 11).
+"""Matrix transport for atmostonce, plus a throwaway Synapse and a TCP fault proxy to test it against (docs/matrix.md).
 
 * :class:`MatrixTransport` (``atmostonce.transport.Transport`` on httpx, retries off) and :class:`MatrixConfig`.
 * :class:`MatrixTransportError`: a login, read-back or lookup got no usable answer.

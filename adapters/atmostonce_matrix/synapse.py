@@ -1,4 +1,4 @@
-"""A throwaway Synapse homeserver for tests and the demo (issue 11).
+"""A throwaway Synapse homeserver for tests and the demo (docs/matrix.md).
 
 Nothing is installed at run time: Synapse must already be importable by the
 Python that runs it (the project's ``test`` extras carry ``matrix-synapse``).

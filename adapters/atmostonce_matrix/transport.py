@@ -1,4 +1,4 @@
-"""A Matrix transport: post one room event per intent, at most once (issue 11).
+"""A Matrix transport: post one room event per intent, at most once (docs/matrix.md).
 
 :class:`MatrixTransport` implements :class:`atmostonce.transport.Transport`
 against the Matrix client-server API on httpx, with httpx retries off

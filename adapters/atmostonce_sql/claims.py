@@ -1,4 +1,4 @@
-"""SQL engine for the approval and claim machines (spec/approval.toml, spec/claim.toml; seeds 001-003).
+"""SQL engine for the approval and claim machines (spec/approval.toml, spec/claim.toml; docs/design.md#approvals-and-per-target-dispatch-claims).
 
 Each move is one conditional ``UPDATE ... WHERE <source states> AND <guard fragments> RETURNING``
 on ``aom_claims`` or ``aom_approvals``, with a follow-up ``SELECT`` of the same fragments after zero

@@ -156,7 +156,7 @@ meta = sa.Table(
     sa.Column("value", sa.BigInteger, nullable=False),
 )
 
-# The policy layer every path reads (seed 004 M2): kill switches, credential and contract versions.
+# The policy layer every path reads (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract): kill switches, credential and contract versions.
 kill_switches = sa.Table(
     "aom_kill_switches",
     metadata,
@@ -176,7 +176,7 @@ contracts = sa.Table(
     sa.Column("version", sa.Text, nullable=False),
 )
 
-# Duplicate-text window (seed 004 M6): one row per authorized send of a text; PostgreSQL adds an
+# Duplicate-text window (docs/design.md#the-duplicate-text-window): one row per authorized send of a text; PostgreSQL adds an
 # exclusion constraint over (account, text_hash, [start_at, end_at)) for unreleased rows, SQLite a trigger.
 text_claims = sa.Table(
     "aom_text_claims",
@@ -193,7 +193,7 @@ text_claims = sa.Table(
     sqlite_autoincrement=True,
 )
 
-# Source chains (seed 004, "Recovery"): the head the store holds per source, and every version seen.
+# Source chains (docs/design.md#sources-and-the-freshness-fence): the head the store holds per source, and every version seen.
 sources = sa.Table(
     "aom_sources",
     metadata,
@@ -212,7 +212,7 @@ source_versions = sa.Table(
     sa.Column("captured_at", sa.Float(53), nullable=False),
 )
 
-# Refused stale writes (seed 003): who presented what, against what was current, and which event superseded it.
+# Refused stale writes (docs/design.md#refusals-are-recorded): who presented what, against what was current, and which event superseded it.
 refusals = sa.Table(
     "aom_refusals",
     metadata,
@@ -237,7 +237,7 @@ APPEND_ONLY_TABLES: tuple[str, ...] = (
     "aom_source_versions",
 )
 
-# Approvals and per-target dispatch claims (seeds 001-003, spec/approval.toml and spec/claim.toml).
+# Approvals and per-target dispatch claims (docs/design.md#approvals-and-per-target-dispatch-claims, spec/approval.toml and spec/claim.toml).
 # One claim row per target: it carries the target's version (publication bumps it) and serializes dispatch.
 claims = sa.Table(
     "aom_claims",
@@ -293,7 +293,7 @@ claim_history = sa.Table(
 
 CLAIM_HISTORY_TABLES = ("aom_claim_history",)
 
-# Per-account rate limits (issue 6): the policy and its fixed-window counter, moved by a compare-and-set.
+# Per-account rate limits (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract): the policy and its fixed-window counter, moved by a compare-and-set.
 rate_limits = sa.Table(
     "aom_rate_limits",
     metadata,

@@ -1,4 +1,4 @@
-"""Static checks over the transition table's graph (seed 004, "The state machine").
+"""Static checks over the transition table's graph (docs/design.md#one-table-read-by-everything).
 
 Each check is a function ``(Table) -> list[str]`` returning problems (empty
 means it holds). :data:`CHECKS` names them all; :func:`check_table` runs them.
@@ -118,7 +118,7 @@ def unknown_never_resent_by_machine(t: Table) -> list[str]:
     """No machine-only path leads from an unknown-outcome state back to the initial or in-flight states.
 
     An edge guarded by a ``proof_of_absence`` guard (a fenced lookup that proves
-    nothing landed, seed 004 M4) carries evidence and is allowed to pass.
+    nothing landed, docs/design.md#a-fence-is-a-tombstone) carries evidence and is allowed to pass.
     """
     bad_targets = set(t.states_of_kind("initial", "in_flight"))
     proof = {g.name for g in t.guards.values() if g.proof_of_absence}
@@ -176,7 +176,7 @@ def check_table(t: Table) -> dict[str, list[str]]:
     return {name: probs for name, f in CHECKS.items() if (probs := f(t))}
 
 
-# ---------------------------------------------------------------- the auxiliary machines (seeds 001-003)
+# ---------------------------------------------------------------- the auxiliary machines (docs/design.md#approvals-and-per-target-dispatch-claims)
 def _kinds(t: Table, *kinds: str) -> set[str]:
     return {s.name for s in t.states.values() if s.kind in kinds}
 
@@ -246,7 +246,7 @@ def queue_exits_release_the_claim(intent: Table, machines: dict[str, Table]) -> 
 
 
 def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Table]) -> list[str]:
-    """A claim that began sending is never reclaimed by a timer (seed 002): every machine actor's claim event
+    """A claim that began sending is never reclaimed by a timer (docs/design.md#approvals-and-per-target-dispatch-claims): every machine actor's claim event
     from a dispatching or uncertain state to a free or pre-dispatch one is coupled only to intent events that
     land in a settled state (the object exists, or the platform proved nothing was sent); only a human's
     move may free it otherwise."""

@@ -1,4 +1,4 @@
-"""Approvals bound to exact bytes and per-target dispatch claims (seeds 001, 002, 003).
+"""Approvals bound to exact bytes and per-target dispatch claims (docs/design.md#approvals-and-per-target-dispatch-claims).
 
 Two auxiliary machines sit beside the intent table: ``spec/approval.toml`` (one row per approval)
 and ``spec/claim.toml`` (one row per target). Their states, events and guards come from those
@@ -28,7 +28,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .errors import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
+from .errors import GuardRefused, IllegalMove, IntakeCode, IntakeError, Rejected, UnknownIntent
 from .protocols import StoreCore
 from .records import (
     Approval,
@@ -63,7 +63,7 @@ SETTLED_DISPOSITIONS = ("done", "retryable")
 """Intent dispositions that settle a send: the object exists (done) or proof nothing was sent (retryable)."""
 
 CLAIM_FENCING_GUARDS = ("claim_owner", "bound_to_intent", "source_state")
-"""Refusals recorded with who presented what (seed 003) when the caller presented a claim lease: a stale
+"""Refusals recorded with who presented what (docs/design.md#refusals-are-recorded) when the caller presented a claim lease: a stale
 epoch or token, a claim bound to another intent, or a claim that has moved past where the lease was valid."""
 
 
@@ -81,7 +81,7 @@ def pick_reserve_event(t: Table, state: str | None) -> str:
 
 
 def claim_refusal_recorded(exc: Rejected, args: Mapping[str, Any]) -> bool:
-    """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (seed 003)."""
+    """Whether a refused claim move is a stale claim lease's, which is recorded, not silent (docs/design.md#refusals-are-recorded)."""
     return bool(args.get("claim_token")) and exc.guard in CLAIM_FENCING_GUARDS
 
 
@@ -269,7 +269,11 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
 
 def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
     if not isinstance(lease, ClaimLease):
-        raise IntakeError(f"expected a ClaimLease from reserve_claim(), got {type(lease).__name__}")
+        raise IntakeError(
+            f"expected a ClaimLease from reserve_claim(), got {type(lease).__name__}",
+            field="lease",
+            code=IntakeCode.WRONG_TYPE,
+        )
     return {
         "claim_token": check_text("claim owner token", lease.owner_token, max_chars=128),
         "claim_epoch": _epoch(lease.epoch),
@@ -280,8 +284,11 @@ def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
 
 
 def _epoch(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
-        raise IntakeError(f"a claim epoch must be a non-negative 64-bit integer, got {v!r}")
+    message = f"a claim epoch must be a non-negative 64-bit integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field="epoch", code=IntakeCode.NOT_INTEGER)
+    if not 0 <= v < 2**63:
+        raise IntakeError(message, field="epoch", code=IntakeCode.OUT_OF_RANGE, limit=0 if v < 0 else 2**63 - 1)
     return v
 
 
@@ -297,8 +304,16 @@ class ClaimOperations:
 
     table: Table
     core: StoreCore
-    approval_table: Table = machine("approval")
-    claim_table: Table = machine("claim")
+
+    @property
+    def approval_table(self) -> Table:
+        """The approval machine (``spec/approval.toml``), read on first use, not at import."""
+        return machine("approval")
+
+    @property
+    def claim_table(self) -> Table:
+        """The per-target claim machine (``spec/claim.toml``), read on first use, not at import."""
+        return machine("claim")
 
     def claim_log(self, target: str) -> list[ClaimEntry | Refusal]:
         """The target's whole claim log in store sequence order: every move of its claim and of the
@@ -356,7 +371,9 @@ class ClaimOperations:
         }
         intent = self.core.find(args["key"])
         if intent is not None and not intent.requires_approval:
-            raise IntakeError("this intent was submitted without an approval requirement: nothing to approve")
+            raise IntakeError(
+                "this intent was submitted without an approval requirement: nothing to approve", field="key"
+            )
         return self.core._approve(args)
 
     def reserve_claim(
@@ -369,7 +386,7 @@ class ClaimOperations:
         Raises ``GuardRefused`` naming the refusing claim guard (``approval_usable``,
         ``approval_binds_request`` for other bytes, ``approval_for_intent`` for an approval of another
         intent, even one with the same bytes, ``target_version_current``, ``intent_queued``,
-        ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. Seed 002.
+        ``claim_lease_expired``), ``IllegalMove`` while the claim is sending or uncertain. docs/design.md#approvals-and-per-target-dispatch-claims.
         """
         args: dict[str, Any] = {
             "key": check_text("key", key, max_chars=256),
@@ -381,7 +398,9 @@ class ClaimOperations:
         }
         intent = self.core.get(args["key"])
         if not intent.requires_approval:
-            raise IntakeError("this intent was submitted without an approval requirement: it takes no claim")
+            raise IntakeError(
+                "this intent was submitted without an approval requirement: it takes no claim", field="key"
+            )
         c = self.core._claim_move(RESERVE_OR_REPLACE, intent.target, args)
         assert c.owner_token is not None and c.lease_expires_at is not None and c.key is not None
         return ClaimLease(
@@ -390,14 +409,16 @@ class ClaimOperations:
 
     def release_claim(self, lease: ClaimLease) -> Claim:
         """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
-        epoch or token, refused (``IllegalMove``) once sending began. Seed 002, 003."""
+        epoch or token, refused (``IllegalMove``) once sending began. docs/design.md#approvals-and-per-target-dispatch-claims, docs/design.md#refusals-are-recorded."""
         args = _claim_lease_args(lease)  # checks the type first
         return self.core._claim_move("release", check_text("target", lease.target, max_chars=1024), args)
 
     def expire_approval(self, approval: Approval) -> Approval:
-        """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. Seed 001."""
+        """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. docs/design.md#approvals-and-per-target-dispatch-claims."""
         if not isinstance(approval, Approval):
-            raise IntakeError(f"expected an Approval, got {type(approval).__name__}")
+            raise IntakeError(
+                f"expected an Approval, got {type(approval).__name__}", field="approval", code=IntakeCode.WRONG_TYPE
+            )
         return self.core._approval_move(
             "expire_approval", check_text("approval id", approval.approval_id, max_chars=128), {}
         )
@@ -511,8 +532,13 @@ def _reason(v: Any) -> str:
 def _version(v: Any) -> int | None:
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**62:
-        raise IntakeError(f"target_version must be a non-negative integer, got {v!r}")
+    message = f"target_version must be a non-negative integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field="target_version", code=IntakeCode.NOT_INTEGER)
+    if not 0 <= v < 2**62:
+        raise IntakeError(
+            message, field="target_version", code=IntakeCode.OUT_OF_RANGE, limit=0 if v < 0 else 2**62 - 1
+        )
     return v
 
 

@@ -18,6 +18,7 @@ Hierarchy::
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "AtMostOnceError",
     "GuardRefused",
     "IllegalMove",
+    "IntakeCode",
     "IntakeError",
     "NoSynchronousStandby",
     "NotVerified",
@@ -104,8 +106,68 @@ class RetractionUnsupported(AtMostOnceError):
         return {"key": self.key, "action": self.action, "transport": self.transport, "outcome": self.outcome}
 
 
+class IntakeCode(enum.StrEnum):
+    """Why an input was refused at intake: :attr:`IntakeError.code`. A script or a test reads the code, a
+    person reads the message."""
+
+    NOT_STRING = "not_string"
+    """text was expected and something else was given"""
+    EMPTY = "empty"
+    """blank text (empty, or only whitespace) where a name or a reason is required"""
+    TOO_LONG = "too_long"
+    """text longer than :attr:`IntakeError.limit` characters"""
+    NUL_BYTE = "nul_byte"
+    """text with a NUL byte, which no store can persist"""
+    LONE_SURROGATE = "lone_surrogate"
+    """text with a lone surrogate, which has no UTF-8 form"""
+    NOT_OBJECT = "not_object"
+    """a JSON object (a mapping) was expected"""
+    NAIVE_DATETIME = "naive_datetime"
+    """a datetime without a UTC offset inside a JSON value"""
+    DATETIME = "datetime"
+    """a datetime inside a JSON value: JSON has none; send an ISO 8601 string"""
+    TOO_DEEP = "too_deep"
+    """a JSON value nested deeper than :attr:`IntakeError.limit` levels"""
+    NOT_CANONICAL = "not_canonical"
+    """a value with no canonical JSON form (NaN, an infinity, a key that is not a string, a set, ...)"""
+    TOO_LARGE = "too_large"
+    """canonical JSON larger than :attr:`IntakeError.limit` bytes"""
+    NOT_BOOL = "not_bool"
+    """a flag that is not ``True`` or ``False``"""
+    NOT_INTEGER = "not_integer"
+    """an integer was expected (``bool`` and ``float`` are not integers here)"""
+    NOT_NUMBER = "not_number"
+    """a number of seconds was expected"""
+    OUT_OF_RANGE = "out_of_range"
+    """a number outside its range; :attr:`IntakeError.limit` is the bound it crossed"""
+    WRONG_TYPE = "wrong_type"
+    """an object of another type than the one a call hands back (a ``Lease``, a ``Plan``, an ``Intent``)"""
+
+
 class IntakeError(AtMostOnceError, ValueError):
-    """Input refused at intake (NUL bytes, lone surrogates, oversize, NaN, naive datetime, bad lease, empty names)."""
+    """Input refused at intake (NUL bytes, lone surrogates, oversize, NaN, naive datetime, bad lease, empty
+    names); nothing was written.
+
+    Attributes: ``field`` (the argument refused, or the path inside it, e.g. ``"target"`` or
+    ``"request.at[0]"``; ``None`` when no one argument is at fault), ``code`` (an :class:`IntakeCode`, or
+    ``None`` for a refusal of a combination of arguments, which only the message describes) and ``limit``
+    (the bound crossed: the most characters, bytes or levels, or the end of a range the value is outside;
+    ``None`` when the refusal has no bound).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        code: IntakeCode | None = None,
+        limit: int | float | None = None,
+    ):
+        self.field, self.code, self.limit = field, code, limit
+        super().__init__(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "code": self.code, "limit": self.limit}
 
 
 class StoreError(AtMostOnceError):

@@ -1,11 +1,11 @@
-"""The named identities (seed 004, "Idempotency identity"), shared by the model and every store.
+"""The named identities (docs/design.md#identities), shared by the model and every store.
 
 Four identities, each its own type and function:
 
 * :class:`SourceVersion`: a source's stable id plus its normalized visible body.
 * :class:`ClaimId`: a source version plus the claim's own normalized content.
 * :class:`DeliveryKey`: account, action kind, target identity and the canonical
-  request projection (seed 004, "Two rows, not one").
+  request projection (docs/design.md#two-rows-intents-and-attempts).
 * :class:`AttemptToken`: random per attempt, never content-derived.
 
 The three content-derived ones are SHA-256 over RFC 8785 canonical JSON of a
@@ -223,7 +223,7 @@ def _require(name: str, value: str) -> None:
 def delivery_key(
     account: str, action_kind: str, target: str, projection: Any, *, version: int | None = None
 ) -> DeliveryKey:
-    """Stable key of one logical delivery (seed 004, "Two rows, not one").
+    """Stable key of one logical delivery (docs/design.md#two-rows-intents-and-attempts).
 
     ``projection`` is the canonical request you will send (JSON-like); its
     strings are normalized with :func:`normalize_text` before hashing, so NFC/NFD,
@@ -276,7 +276,7 @@ def split_platform_idempotency_key(key: str) -> tuple[str, int, int]:
 
 
 def request_digest(wire: Any) -> str:
-    """Digest of the exact outgoing request: SHA-256 of its RFC 8785 bytes (seed 001, 004 M1).
+    """Digest of the exact outgoing request: SHA-256 of its RFC 8785 bytes (docs/design.md#approvals-and-per-target-dispatch-claims, docs/design.md#identities).
 
     Unlike the delivery key this is *not* normalized: an approval binds to bytes.
     """
@@ -284,7 +284,7 @@ def request_digest(wire: Any) -> str:
 
 
 def source_version(source_id: str, body: str, *, version: int | None = None) -> SourceVersion:
-    """Identity of one version of a source: stable id plus normalized visible body (seed 004)."""
+    """Identity of one version of a source: stable id plus normalized visible body (docs/design.md#sources-and-the-freshness-fence)."""
     _require("source_id", source_id)
     v = _version(version)
     return SourceVersion(_identity("atmostonce/source-version", v, source_id, normalize_text(body, v)))
@@ -298,7 +298,7 @@ def claim_id(source: SourceVersion, content: Any, *, version: int | None = None)
 
 
 def text_digest(text: str, *, version: int | None = None) -> str:
-    """Digest of normalized text for the duplicate-text window (seed 004 M6); versioned like every identity."""
+    """Digest of normalized text for the duplicate-text window (docs/design.md#the-duplicate-text-window); versioned like every identity."""
     v = _version(version)
     return _identity("atmostonce/text", v, normalize_text(text, v))
 
@@ -330,7 +330,7 @@ def visible_text(html: str) -> str:
     """The text a reader sees in an HTML page: scripts, styles, the head and comments dropped.
 
     Page chrome that changes on every fetch (script tokens, timestamps in the head) then does not
-    mint a new source version (seed 004, "normalize before you hash").
+    mint a new source version (docs/design.md#normalizer-versions).
     """
     parser = _Visible()
     parser.feed(html)

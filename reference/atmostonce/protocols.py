@@ -76,10 +76,16 @@ class WorkerStore(Protocol):
     event name), the claim of an approval-gated intent, late evidence, and the reads its gates take."""
 
     table: Table
-    approval_table: Table
-    """The approval machine (``spec/approval.toml``)."""
-    claim_table: Table
-    """The per-target claim machine (``spec/claim.toml``)."""
+
+    @property
+    def approval_table(self) -> Table:
+        """The approval machine (``spec/approval.toml``)."""
+        ...
+
+    @property
+    def claim_table(self) -> Table:
+        """The per-target claim machine (``spec/claim.toml``)."""
+        ...
 
     def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease: ...
     def authorize_dispatch(
@@ -304,7 +310,7 @@ class StoreCore(Protocol):
     * **apply an event** (the table's moves): ``_apply(event, key, args)`` looks the event up in the table,
       checks the source state and the event's named guards, and either makes the move in one atomic
       conditional write and returns the moved intent, or raises :class:`~atmostonce.errors.Rejected` naming
-      what refused and changes nothing (docs/design.md, "The state machine"); ``_apply_sequence(key, steps)``
+      what refused and changes nothing (docs/design.md#one-table-read-by-everything); ``_apply_sequence(key, steps)``
       applies several moves to one intent in one transaction, all or none (``steps``: ``(event, args)``,
       ``args`` a mapping or a function of the previous move's intent, :func:`atmostonce.store.step_args`);
       ``_approve(args)``, ``_claim_move(event, target, args)`` and ``_approval_move(event, approval_id,

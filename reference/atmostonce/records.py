@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import identity
-from .errors import IntakeError
+from .errors import IntakeCode, IntakeError
 from .identity import (
     NORMALIZER_VERSION,
     DeliveryKey,
@@ -60,7 +60,7 @@ DEFAULT_MAX_RECONCILES = 3
 
 @dataclass(frozen=True)
 class Intent:
-    """One delivery intent: the row whose state moves; its key never changes (seed 004, "Two rows")."""
+    """One delivery intent: the row whose state moves; its key never changes (docs/design.md#two-rows-intents-and-attempts)."""
 
     key: DeliveryKey
     account: str
@@ -163,7 +163,7 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class Reconciliation:
-    """One append-only reconciliation record of an external send (seed 003): ``unknown`` when the
+    """One append-only reconciliation record of an external send (docs/design.md#reconciliation-records): ``unknown`` when the
     send's outcome became unknown, then one row per lookup or resolution, moving to ``confirmed`` or
     ``failed`` only on evidence. ``send_seq`` is the history ``seq`` of the move that made the send's
     outcome unknown (the join key to the audit); the current result of a send is its newest row.
@@ -197,7 +197,7 @@ class PolicyChange:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refused stale write, recorded (seed 003): what was presented, what was current, and the
+    """A refused stale write, recorded (docs/design.md#refusals-are-recorded): what was presented, what was current, and the
     sequence of the last history event before the refusal (the one that superseded the presenter).
     ``key``: the intent's delivery key, or ``claim:<target>`` for a refused claim write."""
 
@@ -272,7 +272,7 @@ class Submission:
 
 @dataclass(frozen=True)
 class Approval:
-    """An approval of one intent's exact bytes (seed 001): the request digest, account, target and the
+    """An approval of one intent's exact bytes (docs/design.md#approvals-and-per-target-dispatch-claims): the request digest, account, target and the
     target version it was drafted against, who approved, and until when (database clock, seconds)."""
 
     approval_id: str
@@ -306,7 +306,7 @@ class OperatorKey:
 
 @dataclass(frozen=True)
 class Claim:
-    """The dispatch claim of one target (seed 002): its state, epoch (fencing token), owner, the intent and
+    """The dispatch claim of one target (docs/design.md#approvals-and-per-target-dispatch-claims): its state, epoch (fencing token), owner, the intent and
     approval it is bound to, the lease deadline, and the target's version (publication bumps it)."""
 
     target: str
@@ -354,17 +354,23 @@ class ClaimEntry:
 
 def _flag(name: str, v: Any) -> bool:
     if not isinstance(v, bool):
-        raise IntakeError(f"{name} must be true or false, got {v!r}")
+        raise IntakeError(f"{name} must be true or false, got {v!r}", field=name, code=IntakeCode.NOT_BOOL)
     return v
 
 
 def _reject_datetimes(v: Any, path: str, depth: int = 0) -> None:
-    if depth > 100:
-        raise IntakeError(f"{path}: nested deeper than 100 levels")
+    if depth > MAX_DEPTH:
+        raise IntakeError(
+            f"{path}: nested deeper than {MAX_DEPTH} levels", field=path, code=IntakeCode.TOO_DEEP, limit=MAX_DEPTH
+        )
     if isinstance(v, _dt.datetime):
         if v.tzinfo is None or v.utcoffset() is None:
-            raise IntakeError(f"{path}: naive datetime; give a timezone-aware one")
-        raise IntakeError(f"{path}: datetimes are not JSON; send an ISO 8601 string")
+            raise IntakeError(
+                f"{path}: naive datetime; give a timezone-aware one", field=path, code=IntakeCode.NAIVE_DATETIME
+            )
+        raise IntakeError(
+            f"{path}: datetimes are not JSON; send an ISO 8601 string", field=path, code=IntakeCode.DATETIME
+        )
     if isinstance(v, dict):
         for k, x in v.items():
             _reject_datetimes(x, f"{path}.{k}", depth + 1)
@@ -374,8 +380,11 @@ def _reject_datetimes(v: Any, path: str, depth: int = 0) -> None:
 
 
 def _positive_int(name: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CAP:
-        raise IntakeError(f"{name} must be an integer from 1 to {MAX_CAP}, got {v!r}")
+    message = f"{name} must be an integer from 1 to {MAX_CAP}, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field=name, code=IntakeCode.NOT_INTEGER)
+    if not 1 <= v <= MAX_CAP:
+        raise IntakeError(message, field=name, code=IntakeCode.OUT_OF_RANGE, limit=1 if v < 1 else MAX_CAP)
     return v
 
 
@@ -403,15 +412,22 @@ def prepare_submission(
     for name, v in (("account", account), ("action_kind", action_kind), ("target", target)):
         check_text(name, v, max_chars=1024)
     if not isinstance(request, Mapping):
-        raise IntakeError(f"request must be a JSON object, got {type(request).__name__}")
+        raise IntakeError(
+            f"request must be a JSON object, got {type(request).__name__}", field="request", code=IntakeCode.NOT_OBJECT
+        )
     _reject_datetimes(request, "request")
     try:
         raw = canonical_json(dict(request))
         key = delivery_key(account, action_kind, target, dict(request))
     except IdentityError as exc:
-        raise IntakeError(str(exc)) from exc
+        raise IntakeError(str(exc), field="request", code=IntakeCode.NOT_CANONICAL) from exc
     if len(raw) > max_payload_bytes:
-        raise IntakeError(f"request is {len(raw)} bytes of canonical JSON; the limit is {max_payload_bytes}")
+        raise IntakeError(
+            f"request is {len(raw)} bytes of canonical JSON; the limit is {max_payload_bytes}",
+            field="request",
+            code=IntakeCode.TOO_LARGE,
+            limit=max_payload_bytes,
+        )
     stored = load_canonical(raw)  # what every store keeps and returns: the canonical form, round-tripped
     return Submission(
         key=key,
@@ -456,35 +472,48 @@ MAX_LEASE_SECONDS = 366 * 86_400.0
 MAX_TEXT_CHARS = 4096
 MAX_DETAIL_BYTES = 64 * 1024
 MAX_CAP = 10_000
+MAX_DEPTH = 100
+"""How deep a request or a JSON argument may nest objects and arrays."""
 
 
 def validate_lease_seconds(name: str, seconds: Any) -> float:
     """A lease length in seconds: finite, > 0 and at most a year, else :class:`IntakeError`."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise IntakeError(f"{name} must be a number of seconds, got {seconds!r}")
+        raise IntakeError(
+            f"{name} must be a number of seconds, got {seconds!r}", field=name, code=IntakeCode.NOT_NUMBER
+        )
     try:
         value = float(seconds)
     except OverflowError as exc:
-        raise IntakeError(f"{name} is too large") from exc
+        raise IntakeError(
+            f"{name} is too large", field=name, code=IntakeCode.OUT_OF_RANGE, limit=MAX_LEASE_SECONDS
+        ) from exc
     if not math.isfinite(value) or value <= 0 or value > MAX_LEASE_SECONDS:
-        raise IntakeError(f"{name} must be a positive, finite number of seconds up to {MAX_LEASE_SECONDS:.0f}")
+        raise IntakeError(
+            f"{name} must be a positive, finite number of seconds up to {MAX_LEASE_SECONDS:.0f}",
+            field=name,
+            code=IntakeCode.OUT_OF_RANGE,
+            limit=MAX_LEASE_SECONDS,
+        )
     return value
 
 
 def check_text(name: str, v: Any, *, allow_blank: bool = False, max_chars: int = MAX_TEXT_CHARS) -> str:
     """A string every store can persist: no NUL, no lone surrogate, at most ``max_chars``; else :class:`IntakeError`."""
     if not isinstance(v, str):
-        raise IntakeError(f"{name} must be a string, got {type(v).__name__}")
+        raise IntakeError(f"{name} must be a string, got {type(v).__name__}", field=name, code=IntakeCode.NOT_STRING)
     if not allow_blank and not v.strip():
-        raise IntakeError(f"{name} must not be empty")
+        raise IntakeError(f"{name} must not be empty", field=name, code=IntakeCode.EMPTY)
     if len(v) > max_chars:
-        raise IntakeError(f"{name} is longer than {max_chars} characters")
+        raise IntakeError(
+            f"{name} is longer than {max_chars} characters", field=name, code=IntakeCode.TOO_LONG, limit=max_chars
+        )
     if "\x00" in v:
-        raise IntakeError(f"{name} contains a NUL byte")
+        raise IntakeError(f"{name} contains a NUL byte", field=name, code=IntakeCode.NUL_BYTE)
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise IntakeError(f"{name} contains a lone surrogate") from exc
+        raise IntakeError(f"{name} contains a lone surrogate", field=name, code=IntakeCode.LONE_SURROGATE) from exc
     return v
 
 
@@ -498,18 +527,25 @@ def person_name(what: str, v: Any) -> str:
 def check_json_object(name: str, v: Any, *, max_bytes: int = MAX_DETAIL_BYTES) -> dict[str, Any]:
     """A JSON object with a canonical form (no NaN, no datetimes, string keys), at most ``max_bytes``."""
     if not isinstance(v, Mapping):
-        raise IntakeError(f"{name} must be a JSON object, got {type(v).__name__}")
+        raise IntakeError(
+            f"{name} must be a JSON object, got {type(v).__name__}", field=name, code=IntakeCode.NOT_OBJECT
+        )
     _reject_datetimes(v, name)
     try:
         raw = canonical_json(dict(v))
     except IdentityError as exc:
-        raise IntakeError(f"{name}: {exc}") from exc
+        raise IntakeError(f"{name}: {exc}", field=name, code=IntakeCode.NOT_CANONICAL) from exc
     if len(raw) > max_bytes:
-        raise IntakeError(f"{name} is larger than {max_bytes} bytes")
+        raise IntakeError(
+            f"{name} is larger than {max_bytes} bytes", field=name, code=IntakeCode.TOO_LARGE, limit=max_bytes
+        )
     return load_canonical(raw)  # type: ignore[no-any-return]  # the canonical form of a dict loads as one
 
 
 def check_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise IntakeError(f"limit must be a non-negative integer, got {limit!r}")
+    message = f"limit must be a non-negative integer, got {limit!r}"
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise IntakeError(message, field="limit", code=IntakeCode.NOT_INTEGER)
+    if limit < 0:
+        raise IntakeError(message, field="limit", code=IntakeCode.OUT_OF_RANGE, limit=0)
     return limit

@@ -1,4 +1,4 @@
-"""The runtime that drives any store and any transport (seed 004, mechanisms 2 to 4, "Recovery").
+"""The runtime that drives any store and any transport (docs/design.md#the-runtime).
 
 * :class:`Dispatcher`: one dispatch: ``begin`` (lease), the caller's expensive
   work, ``authorize_dispatch`` as the very last step before bytes, one
@@ -231,7 +231,7 @@ class Dispatcher:
     credential_version: Callable[[str], str | None] | None = None
     """Returns the credential version the worker will send with for an account (``None``: unversioned)."""
     owner: str = "dispatcher"
-    """The name this worker presents when it reserves a target's dispatch claim (recorded, seed 003)."""
+    """The name this worker presents when it reserves a target's dispatch claim (recorded, docs/design.md#refusals-are-recorded)."""
     fused: bool | None = None
     """Two commits per send (docs/design.md#two-durable-points-per-send): ``begin`` and
     ``authorize_dispatch`` in one transaction before the bytes, the send's success and its read-back
@@ -344,7 +344,7 @@ class Dispatcher:
         if refusal is not None:
             return refusal  # nothing begun: a transport that cannot retract must not try
         claim = None
-        if before.requires_approval:  # seeds 001-002: an approval of these bytes, then the target's claim
+        if before.requires_approval:  # docs/design.md#approvals-and-per-target-dispatch-claims: an approval of these bytes, then the target's claim
             digest = request_digest(wire_request(before).body)
             live, now = self.store.approval_table.initial, self.store.now()
             usable = [
@@ -407,7 +407,7 @@ class Dispatcher:
             if not isinstance(exc, GuardRefused) or exc.guard not in self.store.table.policy_guards:
                 self._give_back(claim)
                 raise  # a stale worker: nothing to record, the sweeper settles the lease
-            # a policy gate refused at publish time: terminal and human-owned (seed 004, "Recovery")
+            # a policy gate refused at publish time: terminal and human-owned (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract)
             self.store.block_at_gate(lease, reason=f"gate.blocked:{exc.guard}")
             return "gate.blocked"
         self._point("after_authorize")
@@ -520,7 +520,7 @@ class Sweeper:
         return out
 
     def expire_approvals(self) -> dict[str, int]:
-        """Move approvals whose deadline passed (database clock) to ``expired`` (seed 001: expiry is a
+        """Move approvals whose deadline passed (database clock) to ``expired`` (docs/design.md#approvals-and-per-target-dispatch-claims: expiry is a
         transition). Returns ``{"approvals_expired": n}``."""
         n = 0
         due = getattr(self.store, "due_approvals", None)

@@ -4,7 +4,7 @@ Every transition method maps to one table event and is carried out by the store'
 (:class:`~atmostonce.protocols.StoreCore`): ``core._apply(event, key, args)`` looks the event up in the
 table, checks the source state and the event's named guards, and either makes the move atomically or
 raises a :class:`~atmostonce.errors.Rejected` naming what refused, leaving everything unchanged
-(docs/design.md, "The state machine").
+(docs/design.md#one-table-read-by-everything).
 
 :class:`Operations` gives every implementation the same public signatures and the same input checks, so
 the model and the stores cannot drift in what they accept. What each caller needs of a store is one of
@@ -18,7 +18,7 @@ from typing import Any
 
 from . import identity, observe
 from .claims import ClaimOperations, claim_args
-from .errors import GuardRefused, IntakeError, Rejected
+from .errors import GuardRefused, IntakeCode, IntakeError, Rejected
 from .protocols import (
     AuditStore,
     IntakeStore,
@@ -141,14 +141,19 @@ def _optional_text(name: str, v: Any) -> str | None:
 def _int(name: str, v: Any, optional: bool = False) -> int | None:
     if v is None and optional:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not -(2**63) <= v < 2**63:
-        raise IntakeError(f"{name} must be a 64-bit integer, got {v!r}")
+    message = f"{name} must be a 64-bit integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field=name, code=IntakeCode.NOT_INTEGER)
+    if not -(2**63) <= v < 2**63:
+        raise IntakeError(message, field=name, code=IntakeCode.OUT_OF_RANGE, limit=-(2**63) if v < 0 else 2**63 - 1)
     return v
 
 
 def _lease_args(lease: Lease) -> dict[str, Any]:
     if not isinstance(lease, Lease):
-        raise IntakeError(f"expected a Lease from begin(), got {type(lease).__name__}")
+        raise IntakeError(
+            f"expected a Lease from begin(), got {type(lease).__name__}", field="lease", code=IntakeCode.WRONG_TYPE
+        )
     return {
         "attempt_token": check_text("attempt token", lease.attempt_token, max_chars=128),
         "generation": _int("generation", lease.generation),
@@ -158,7 +163,9 @@ def _lease_args(lease: Lease) -> dict[str, Any]:
 
 def _plan_args(plan: Plan) -> dict[str, Any]:
     if not isinstance(plan, Plan):
-        raise IntakeError(f"expected a Plan (Intent.plan), got {type(plan).__name__}")
+        raise IntakeError(
+            f"expected a Plan (Intent.plan), got {type(plan).__name__}", field="plan", code=IntakeCode.WRONG_TYPE
+        )
     return {
         "plan_generation": _int("plan generation", plan.generation, optional=True),
         "plan_reconcile_count": _int("plan reconcile count", plan.reconcile_count),
@@ -188,7 +195,7 @@ class Operations(ClaimOperations):
 
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
         """Validate the key, then hand the move to the core's ``_apply``; a write refused by a
-        fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (seed 003)."""
+        fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (docs/design.md#refusals-are-recorded)."""
         key = check_text("key", key, max_chars=256)
         try:
             it = self.core._apply(event, key, args)
@@ -252,7 +259,7 @@ class Operations(ClaimOperations):
         """Create the intent for this delivery, or return the existing one with the same key.
 
         ``requires_approval=True``: the intent is dispatched only under an approval of its exact bytes
-        and its target's dispatch claim (:meth:`approve`, :meth:`reserve_claim`; seeds 001-002).
+        and its target's dispatch claim (:meth:`approve`, :meth:`reserve_claim`; docs/design.md#approvals-and-per-target-dispatch-claims).
 
         ``source`` is ``(source_id, version)`` when the intent rests on a captured source version
         (see :meth:`capture_source`); it is then skipped before any spend, and refused at publish
@@ -279,7 +286,8 @@ class Operations(ClaimOperations):
         if not created and it.requires_approval != sub.requires_approval:
             raise IntakeError(
                 f"this delivery exists already with requires_approval={it.requires_approval}; "
-                "an approval requirement cannot be added to or dropped from an intent"
+                "an approval requirement cannot be added to or dropped from an intent",
+                field="requires_approval",
             )
         return it
 
@@ -289,7 +297,7 @@ class Operations(ClaimOperations):
         r = retraction_of(sub.request)
         mode = sub.action_kind[len(RETRACTION_PREFIX) :]
         if r is None or r["mode"] != mode:
-            raise IntakeError("a retract.* intent needs a request made by submit_retraction")
+            raise IntakeError("a retract.* intent needs a request made by submit_retraction", field="request")
         orig = self.core.find(r["retracts"])
         if (
             orig is None
@@ -299,15 +307,20 @@ class Operations(ClaimOperations):
             or orig.remote_id != r.get("remote_id")
             or (orig.account, orig.target) != (sub.account, sub.target)
         ):
-            raise IntakeError("a retraction must name a published intent of this account and target and its remote id")
+            raise IntakeError(
+                "a retraction must name a published intent of this account and target and its remote id",
+                field="retracts",
+            )
         if mode == "correct" and not isinstance(r.get("correction"), Mapping):
-            raise IntakeError("a correction needs a 'correction' object")
+            raise IntakeError(
+                "a correction needs a 'correction' object", field="correction", code=IntakeCode.NOT_OBJECT
+            )
 
     def submit_retraction(
         self, key: str, *, correction: Mapping[str, Any] | None = None, max_attempts: int = DEFAULT_MAX_ATTEMPTS
     ) -> Intent:
         """A retraction of published intent ``key``: its own delivery intent against the recorded remote
-        object id (seed 001: local status never undoes a remote effect). Without ``correction`` it
+        object id (docs/design.md#approvals-and-per-target-dispatch-claims: local status never undoes a remote effect). Without ``correction`` it
         deletes the object; with it, it replaces the object's body by ``correction`` (a JSON object).
         It is dispatched, read back and reconciled like any intent: a deletion is confirmed when
         read-back finds no object, a correction when the object equals the corrected body. The
@@ -316,9 +329,13 @@ class Operations(ClaimOperations):
         """
         it = self.core.get(check_text("key", key, max_chars=256))
         if self.table.states[it.state].disposition != "done" or it.remote_id is None:
-            raise IntakeError(f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}")
+            raise IntakeError(
+                f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}", field="key"
+            )
         if it.action_kind.startswith(RETRACTION_PREFIX):
-            raise IntakeError("a retraction is not itself retracted; submit a correction of the original instead")
+            raise IntakeError(
+                "a retraction is not itself retracted; submit a correction of the original instead", field="key"
+            )
         mode = "delete" if correction is None else "correct"
         request: dict[str, Any] = {"retracts": it.key, "remote_id": it.remote_id, "mode": mode}
         if correction is not None:
@@ -326,7 +343,9 @@ class Operations(ClaimOperations):
             deletion = {"retracts": it.key, "remote_id": it.remote_id, "mode": "delete"}
             done = self.core.find(identity.delivery_key(it.account, RETRACTION_PREFIX + "delete", it.target, deletion))
             if done is not None and self.table.states[done.state].disposition == "done":
-                raise IntakeError(f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}")
+                raise IntakeError(
+                    f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}", field="correction"
+                )
         # a correction sends new bytes: it needs the same approval gate as the intent it corrects
         return self.submit(
             it.account,
@@ -337,7 +356,7 @@ class Operations(ClaimOperations):
             requires_approval=it.requires_approval,
         )
 
-    # -- sources (seed 004, "Recovery is the dangerous half") -----------------------------------
+    # -- sources (docs/design.md#sources-and-the-freshness-fence) -----------------------------------
     def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture:
         """Record a fetch of a source. A new version is stored only when the normalized visible body
         changed; ``supersedes`` is whatever head the store holds (never a computed predecessor), so a
@@ -345,11 +364,11 @@ class Operations(ClaimOperations):
         Raises ``IntakeError`` for bad input."""
         check_text("source id", source_id, max_chars=2048)
         if not isinstance(body, str):
-            raise IntakeError("body must be the source's visible text (str)")
+            raise IntakeError("body must be the source's visible text (str)", field="body", code=IntakeCode.NOT_STRING)
         try:
             version = identity.source_version(source_id, body)
         except identity.IdentityError as exc:
-            raise IntakeError(str(exc)) from exc
+            raise IntakeError(str(exc), field="body") from exc
         raw_hash = identity.raw_digest(raw) if isinstance(raw, (bytes, bytearray)) else None
         return self.core._store_capture(source_id, version, raw_hash)
 
@@ -376,14 +395,14 @@ class Operations(ClaimOperations):
         contract_version: str | None = None,
         claim: ClaimLease | None = None,
     ) -> Intent:
-        """The last checkpoint before bytes (seed 004 M2): one conditional write, or nothing sends.
+        """The last checkpoint before bytes (docs/design.md#the-gate-is-the-conditional-write): one conditional write, or nothing sends.
 
         Re-checks, in that one write, everything checked earlier: the lease (token, generation,
         restore epoch, deadline), the exact request digest, the kill switches, the account's
         credential version, the platform contract version, and the duplicate-text window; for an
         approval-gated intent also, in the same atomic step, the target claim ``claim`` (owner token,
         epoch, lease), its approval (live, binding this digest, account and target) and the target
-        version, which it bumps (seed 001); when the account requires signed approvals, the approval's
+        version, which it bumps (docs/design.md#approvals-and-per-target-dispatch-claims); when the account requires signed approvals, the approval's
         Ed25519 signature by its approver's registered key (``approval_signature_verified``,
         docs/design.md#signed-approvals). Raises ``GuardRefused`` naming the first condition that failed;
         ``IntakeError`` for bad input.
@@ -646,10 +665,10 @@ class Operations(ClaimOperations):
     # where only a person acts (kill switch, text window) and optional (``None``: a program named no one)
     # on the setters programs and test harnesses call; the CLI and the console always pass one.
     def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None:
-        """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (seed 004 M2)."""
+        """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (docs/design.md#the-gate-is-the-conditional-write)."""
         who = _policy_operator(operator)
         if scope != "global" and not (isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8):
-            raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}")
+            raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}", field="scope")
         self.core._write_policy("kill_switches", check_text("scope", scope), bool(engaged), who)
 
     def set_rate_limit(
@@ -659,7 +678,7 @@ class Operations(ClaimOperations):
         clock; a fixed window that starts at its first send); ``None`` removes the limit. Every path that
         sends reads it: the worker before it begins, the before-byte gate (``rate_limit_clear``) in its one
         conditional write, so a raised cap releases a backlog at the configured rate, not at once
-        (seed 004, "Recovery"). Changing the limit keeps the current window's count. Raises ``IntakeError``."""
+        (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract). Changing the limit keeps the current window's count. Raises ``IntakeError``."""
         check_text("account", account)
         who = _optional_operator(operator)
         if max_sends is not None:
@@ -690,7 +709,7 @@ class Operations(ClaimOperations):
         """After restoring the database from a backup: move every store sequence past the data it
         holds, bump the restore epoch, so every lease issued before is fenced off, and move every intent
         that may have been sent after the backup (queued, in flight, failed) to ``indeterminate`` for
-        reconciliation (seed 004 M5), all in one transaction: all of it or none (docs/design.md,
+        reconciliation (docs/design.md#fencing-that-survives-a-restore), all in one transaction: all of it or none (docs/design.md,
         "Declaring a restore is atomic").
 
         Returns ``(new epoch, intents fenced)``. Raises ``IntakeError`` without a named operator,
@@ -701,8 +720,11 @@ class Operations(ClaimOperations):
 
 
 def _positive(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 10**9:
-        raise IntakeError(f"{name} must be a positive integer, got {v!r}")
+    message = f"{name} must be a positive integer, got {v!r}"
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise IntakeError(message, field=name, code=IntakeCode.NOT_INTEGER)
+    if not 0 < v <= 10**9:
+        raise IntakeError(message, field=name, code=IntakeCode.OUT_OF_RANGE, limit=1 if v < 1 else 10**9)
     return v
 
 
@@ -733,7 +755,9 @@ def _operator(v: Any) -> str:
 
 def _stale_args(intent: Intent) -> dict[str, Any]:
     if not isinstance(intent, Intent):
-        raise IntakeError(f"expected an Intent snapshot, got {type(intent).__name__}")
+        raise IntakeError(
+            f"expected an Intent snapshot, got {type(intent).__name__}", field="intent", code=IntakeCode.WRONG_TYPE
+        )
     return {
         "attempt_token": None if intent.attempt_token is None else check_text("attempt token", intent.attempt_token),
         "generation": _int("generation", intent.generation, optional=True),

@@ -1,7 +1,7 @@
 """Load the transition table (``spec/table.toml``) into an immutable, typed value.
 
 The table is the single source of states, events, guards, effects and outcome
-mappings (seed 004, "The state machine"; h11-style: a move not in the table is
+mappings (docs/design.md#one-table-read-by-everything; h11-style: a move not in the table is
 the only illegal move). Everything else reads it from here.
 
 Shapes: :class:`Table` holds tuples and read-only mappings of frozen
@@ -270,7 +270,7 @@ def load_machine(name: str, path: str | Path | None = None) -> Table:
 
 @functools.cache
 def machine(name: str) -> Table:
-    """The project's auxiliary machine ``name`` (seeds 001-003: approvals, per-target claims), loaded once."""
+    """The project's auxiliary machine ``name`` (docs/design.md#approvals-and-per-target-dispatch-claims: approvals, per-target claims), loaded once."""
     return load_machine(name)
 
 

@@ -1,4 +1,4 @@
-"""The transport protocol: how the runtime talks to a platform (seed 004 M3, M4).
+"""The transport protocol: how the runtime talks to a platform (docs/design.md#no-automatic-resend, docs/design.md#response-is-not-proof).
 
 A transport classifies every send into exactly one of three results, reads
 objects back by remote id, and optionally looks a send up by its delivery key.
@@ -17,7 +17,7 @@ body) or :class:`NotFound`. ``lookup(key, resend_epoch, fence_epoch)`` looks up 
 idempotency key those compose (:func:`atmostonce.identity.platform_idempotency_key`, the key the
 send went out under) and returns :class:`Found`, :class:`NotFound` or :class:`Unsupported`.
 
-A transport must never retry on its own (seed 004 M3): one ``send`` call puts
+A transport must never retry on its own (docs/design.md#no-automatic-resend): one ``send`` call puts
 at most one request on the wire.
 
 :class:`AsyncTransport` is the same protocol for asyncio programs: ``send``, ``read_back`` and ``lookup``
@@ -77,7 +77,7 @@ class Capabilities:
     fenced_lookup: bool = False
     resend_window_seconds: float | None = None
     retract: bool = False
-    """The transport can delete or correct a published object by its remote id (issue 5: a retraction)."""
+    """The transport can delete or correct a published object by its remote id (a retraction, docs/platforms.md)."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""Lint of the conformance cases (issue 9): valid, unique, short, and covering what they must.
+"""Lint of the conformance cases (docs/conformance.md): valid, unique, short, and covering what they must.
 
 Coverage is checked against the live sources: every guard in ``spec/table.toml``'s catalogue
 must be refused somewhere and hold somewhere, every guard of the approval and claim machines
 must be refused somewhere and have its own case, and every store-level item of
-``spec/conformance/verification_items.json`` (seed 004's verification list) must be the rule of
+``spec/conformance/verification_items.json`` (the verification list of docs/design.md#testing) must be the rule of
 at least one case that can run today (not a pending one).
 """
 
@@ -48,7 +48,7 @@ def test_every_case_file_validates_against_the_schema(path: Path):
 
 
 def test_there_are_cases_and_none_is_pending():
-    """The claims cases were pending until issue 5 built the feature; none is left waiting."""
+    """The claims cases were pending until the claims feature was built; none is left waiting."""
     assert len(CURRENT) >= 80 and PENDING == []
     assert len([c for c in CURRENT if "claims" in c.requires]) >= 20
 

@@ -1,4 +1,4 @@
-"""The conformance suite on every implementation we ship, and proof that it discriminates (issue 9).
+"""The conformance suite on every implementation we ship, and proof that it discriminates (docs/conformance.md).
 
 The model, SQLite, PostgreSQL and a JSON-lines subprocess driver pass every applicable case;
 a deliberately naive store fails with named counterexamples; deleting any guard from the model

@@ -1,4 +1,4 @@
-"""Platform profiles as data (issue 19): one TOML file per platform in spec/platforms/, loaded by one loader into
+"""Platform profiles as data (docs/platforms.md): one TOML file per platform in spec/platforms/, loaded by one loader into
 the very HttpPlatformConfig a JSON config builds; a schema check that refuses unknown fields, wrong types and a
 fenced lookup without its tombstone, naming the field; ``--platform-config`` reads the same file."""
 

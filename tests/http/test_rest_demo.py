@@ -1,4 +1,4 @@
-"""``atmostonce demo --platform json-server`` (issue 19): the main job against json-server behind the fault proxy,
+"""``atmostonce demo --platform json-server`` (docs/platforms.md): the main job against json-server behind the fault proxy,
 duplicates counted from json-server's own collection (never from atmostonce's counters)."""
 
 from __future__ import annotations

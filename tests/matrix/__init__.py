@@ -1,4 +1,4 @@
-"""End-to-end tests of the Matrix transport against a real Synapse behind a fault proxy (issue 11).
+"""End-to-end tests of the Matrix transport against a real Synapse behind a fault proxy (docs/matrix.md).
 
 Until pyproject.toml maps ``atmostonce_matrix`` (adapters/atmostonce_matrix) like the other
 adapters, the package is loaded from its source folder here, so the tests run from a checkout.

@@ -1,4 +1,4 @@
-"""The persisted device, the resend window, and what the transport's lookup can and cannot say (issue 11)."""
+"""The persisted device, the resend window, and what the transport's lookup can and cannot say (docs/matrix.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every proxy fault, through the runtime, on SQLite and PostgreSQL: the room ends with exactly one
 event per published intent and none for an intent that ended failed; an unknown outcome ends
-indeterminate and is reconciled by evidence only (issue 11)."""
+indeterminate and is reconciled by evidence only (docs/matrix.md)."""
 
 from __future__ import annotations
 

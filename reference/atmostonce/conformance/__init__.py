@@ -1,4 +1,4 @@
-"""The conformance suite other implementations adopt (issue 9).
+"""The conformance suite other implementations adopt (docs/conformance.md).
 
 * ``spec/conformance/*.json``: language-neutral cases, validated by ``case.schema.json``; a case
   that needs a feature a driver does not declare (``runtime``, ``claims``) is listed as not

@@ -120,7 +120,7 @@ CLAIM_OPS = (
     "claim_history",
     "due_approvals",
 )
-"""Operations of drivers with the ``claims`` feature (approvals and per-target claims, seeds 001-003);
+"""Operations of drivers with the ``claims`` feature (approvals and per-target claims, docs/design.md#approvals-and-per-target-dispatch-claims);
 with it, ``submit`` takes ``requires_approval`` and ``authorize_dispatch`` a ``claim``."""
 
 

@@ -1,4 +1,4 @@
-"""The shipped stateful machine for approvals and per-target claims (seeds 001-003).
+"""The shipped stateful machine for approvals and per-target claims (docs/design.md#approvals-and-per-target-dispatch-claims).
 
 Like :mod:`atmostonce.testing.stateful`: one Hypothesis machine, constructed with a store under
 test, applies each step to the reference model and to that store, and after every step checks that

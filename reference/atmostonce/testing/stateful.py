@@ -3,7 +3,7 @@
 One machine, constructed with a store under test, applies every operation to
 the reference model and to that store, and after every step checks that both
 agree (states, attempt counts, which guard refused) and that the protocol
-invariants hold on both (seed 004, "The state machine", "Verification").
+invariants hold on both (docs/design.md#one-table-read-by-everything, docs/design.md#testing).
 Rules include injected faults: a worker that dies after ``begin``, after
 ``authorize_dispatch`` or after the send; sweeper passes at arbitrary times;
 the database clock moving forward; stale workers presenting old leases.
@@ -499,7 +499,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
 
         @rule(account=st.sampled_from(ACCOUNTS), cap=st.sampled_from([None, 1, 2, 5]), window=st.sampled_from([10, 60]))
         def change_rate_limit(self, account, cap, window):
-            """Lower, raise or lift an account's rate limit (issue 6: cap changes)."""
+            """Lower, raise or lift an account's rate limit (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract: cap changes)."""
             self.both(lambda st_, i: st_.set_rate_limit(account, cap, window_seconds=window))
 
         @precondition(lambda self: self.keys)
@@ -583,7 +583,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
 
 
 def check_protocol_invariants(store: Store, keys: list[str], grow: dict[str, int] | None = None) -> None:
-    """The invariants of seed 004 over one store's visible data. Raises ``AssertionError``."""
+    """The invariants of docs/design.md#one-table-read-by-everything over one store's visible data. Raises ``AssertionError``."""
     t = store.table
     for key in keys:
         it = store.get(key)

@@ -1,4 +1,4 @@
-"""Approvals bound to exact bytes, per-target dispatch claims, and their append-only history (seeds 001-003).
+"""Approvals bound to exact bytes, per-target dispatch claims, and their append-only history (docs/design.md#approvals-and-per-target-dispatch-claims).
 
 Revision ID: 0003
 Revises: 0002

@@ -1,4 +1,4 @@
-"""Per-account rate limits: the policy row and its fixed-window counter (issue 6; seed 004, "Recovery").
+"""Per-account rate limits: the policy row and its fixed-window counter (docs/design.md#the-policy-gate-and-the-retryable-versus-terminal-contract).
 
 Revision ID: 0004
 Revises: 0003

@@ -1,10 +1,9 @@
-"""The shared store API's intake checks of leases, keys and dispatch arguments, exactly (issue 8: mutmut
-survivors of ``atmostonce.store``, second round).
+"""What every store takes back from a worker: the lease, the key and the dispatch arguments.
 
 A worker hands ``begin``'s :class:`~atmostonce.Lease` back to every later move; ``Operations`` checks it
 (a 64-bit generation and epoch, an attempt token of at most 128 characters) and the key (at most 256
-characters) before the store's own ``_apply``, and a bad argument is refused by name with nothing
-written. A value that passes intake but is stale is refused by the lease guard instead. Every test runs
+characters) before the store's own ``_apply``, and a bad argument is refused with nothing written, by an
+``IntakeError`` whose ``field``, ``code`` and ``limit`` say which argument, why and the bound crossed. A value that passes intake but is stale is refused by the lease guard instead. Every test runs
 on every store.
 """
 
@@ -15,16 +14,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from atmostonce import GuardRefused, IntakeError, UnknownIntent
+from atmostonce import GuardRefused, IntakeCode, IntakeError, UnknownIntent
+from atmostonce.records import MAX_LEASE_SECONDS
 from tests.helpers import submit
 
-LEASE_SECONDS_MESSAGE = "{} must be a positive, finite number of seconds up to 31622400"
+C = IntakeCode
+INT64 = (-(2**63), 2**63 - 1)
 
 
 def refusal(fn, *args, **kw):
+    """``(field, code, limit)`` of the ``IntakeError`` that ``fn(*args, **kw)`` raises."""
     with pytest.raises(IntakeError) as info:
         fn(*args, **kw)
-    return str(info.value)
+    e = info.value
+    return (e.field, e.code, e.limit)
 
 
 def snapshot(s, key):
@@ -48,8 +51,8 @@ def test_begin_names_a_bad_lease_length_and_writes_nothing(any_store):
     s = any_store.store
     it = submit(s)
     before = snapshot(s, it.key)
-    assert refusal(s.begin, it.key, lease_seconds=0) == LEASE_SECONDS_MESSAGE.format("lease_seconds")
-    assert refusal(s.begin, it.key, lease_seconds="30") == "lease_seconds must be a number of seconds, got '30'"
+    assert refusal(s.begin, it.key, lease_seconds=0) == ("lease_seconds", C.OUT_OF_RANGE, MAX_LEASE_SECONDS)
+    assert refusal(s.begin, it.key, lease_seconds="30") == ("lease_seconds", C.NOT_NUMBER, None)
     assert snapshot(s, it.key) == before
 
 
@@ -82,10 +85,10 @@ def test_a_lease_carries_the_stores_restore_epoch(any_store):
 # ---------------------------------------------------------------- the key every move checks
 def test_a_move_names_a_bad_key(any_store):
     s = any_store.store
-    assert refusal(s.begin, 7) == "key must be a string, got int"
-    assert refusal(s.begin, " ") == "key must not be empty"
-    assert refusal(s.retry, "k" * 257) == "key is longer than 256 characters"
-    assert refusal(s.exhaust, "a\x00b") == "key contains a NUL byte"
+    assert refusal(s.begin, 7) == ("key", C.NOT_STRING, None)
+    assert refusal(s.begin, " ") == ("key", C.EMPTY, None)
+    assert refusal(s.retry, "k" * 257) == ("key", C.TOO_LONG, 256)
+    assert refusal(s.exhaust, "a\x00b") == ("key", C.NUL_BYTE, None)
 
 
 def test_a_key_of_256_characters_passes_intake_and_is_looked_up(any_store):
@@ -99,7 +102,7 @@ def test_a_lease_whose_key_is_too_long_is_refused_by_name(any_store):
     it, lease = begun(s)
     before = snapshot(s, it.key)
     bad = dataclasses.replace(lease, key="k" * 257)
-    assert refusal(dispatch, s, bad, request_digest=it.request_digest) == "key is longer than 256 characters"
+    assert refusal(dispatch, s, bad, request_digest=it.request_digest) == ("key", C.TOO_LONG, 256)
     assert snapshot(s, it.key) == before
 
 
@@ -110,34 +113,36 @@ def test_a_lease_that_is_no_lease_is_named_by_its_type(any_store):
     before = snapshot(s, it.key)
     look_alike = SimpleNamespace(**dataclasses.asdict(lease))
     assert refusal(s.authorize_dispatch, look_alike, request_digest=it.request_digest) == (
-        "expected a Lease from begin(), got SimpleNamespace"
+        "lease",
+        C.WRONG_TYPE,
+        None,
     )
     assert snapshot(s, it.key) == before
 
 
 @pytest.mark.parametrize(
-    ("field", "value", "message"),
+    ("field", "value", "refused"),
     [
-        ("attempt_token", "", "attempt token must not be empty"),
-        ("attempt_token", 5, "attempt token must be a string, got int"),
-        ("attempt_token", "t" * 129, "attempt token is longer than 128 characters"),
-        ("generation", "2", "generation must be a 64-bit integer, got '2'"),
-        ("generation", None, "generation must be a 64-bit integer, got None"),
-        ("generation", True, "generation must be a 64-bit integer, got True"),
-        ("generation", 2**63, f"generation must be a 64-bit integer, got {2**63}"),
-        ("generation", -(2**63) - 1, f"generation must be a 64-bit integer, got {-(2**63) - 1}"),
-        ("epoch", "0", "epoch must be a 64-bit integer, got '0'"),
-        ("epoch", None, "epoch must be a 64-bit integer, got None"),
-        ("epoch", -(2**63) - 1, f"epoch must be a 64-bit integer, got {-(2**63) - 1}"),
+        ("attempt_token", "", ("attempt token", C.EMPTY, None)),
+        ("attempt_token", 5, ("attempt token", C.NOT_STRING, None)),
+        ("attempt_token", "t" * 129, ("attempt token", C.TOO_LONG, 128)),
+        ("generation", "2", ("generation", C.NOT_INTEGER, None)),
+        ("generation", None, ("generation", C.NOT_INTEGER, None)),
+        ("generation", True, ("generation", C.NOT_INTEGER, None)),
+        ("generation", 2**63, ("generation", C.OUT_OF_RANGE, INT64[1])),
+        ("generation", -(2**63) - 1, ("generation", C.OUT_OF_RANGE, INT64[0])),
+        ("epoch", "0", ("epoch", C.NOT_INTEGER, None)),
+        ("epoch", None, ("epoch", C.NOT_INTEGER, None)),
+        ("epoch", -(2**63) - 1, ("epoch", C.OUT_OF_RANGE, INT64[0])),
     ],
 )
-def test_a_lease_field_out_of_range_is_named_and_nothing_moves(any_store, field, value, message):
+def test_a_lease_field_out_of_range_is_named_and_nothing_moves(any_store, field, value, refused):
     s = any_store.store
     it, lease = begun(s)
     before = snapshot(s, it.key)
     bad = dataclasses.replace(lease, **{field: value})
-    assert refusal(dispatch, s, bad, request_digest=it.request_digest) == message
-    assert refusal(s.record_unknown, bad, reason="x") == message
+    assert refusal(dispatch, s, bad, request_digest=it.request_digest) == refused
+    assert refusal(s.record_unknown, bad, reason="x") == refused
     assert snapshot(s, it.key) == before
     assert s.refusals(it.key) == []  # refused at intake: no fencing refusal is recorded
     assert dispatch(s, lease).state == "authorized"  # the real lease still works
@@ -171,25 +176,26 @@ def test_a_stale_lease_within_range_reaches_the_lease_guard(any_store, field, va
 
 # ---------------------------------------------------------------- authorize_dispatch's own arguments
 @pytest.mark.parametrize(
-    ("kw", "message"),
+    ("kw", "refused"),
     [
-        ({"request_digest": ""}, "request_digest must not be empty"),
-        ({"request_digest": None}, "request_digest must be a string, got NoneType"),
-        ({"request_digest": "d" * 129}, "request_digest is longer than 128 characters"),
-        ({"descriptor": ["a"]}, "descriptor must be a JSON object, got list"),
-        ({"credential_version": ""}, "credential_version must not be empty"),
-        ({"credential_version": 3}, "credential_version must be a string, got int"),
-        ({"platform": ""}, "platform must not be empty"),
-        ({"platform": b"x"}, "platform must be a string, got bytes"),
-        ({"contract_version": " "}, "contract_version must not be empty"),
-        ({"contract_version": 1.5}, "contract_version must be a string, got float"),
+        ({"request_digest": ""}, ("request_digest", C.EMPTY, None)),
+        ({"request_digest": None}, ("request_digest", C.NOT_STRING, None)),
+        ({"request_digest": "d" * 129}, ("request_digest", C.TOO_LONG, 128)),
+        ({"descriptor": ["a"]}, ("descriptor", C.NOT_OBJECT, None)),
+        ({"credential_version": ""}, ("credential_version", C.EMPTY, None)),
+        ({"credential_version": 3}, ("credential_version", C.NOT_STRING, None)),
+        ({"platform": ""}, ("platform", C.EMPTY, None)),
+        ({"platform": b"x"}, ("platform", C.NOT_STRING, None)),
+        ({"contract_version": " "}, ("contract_version", C.EMPTY, None)),
+        ({"contract_version": 1.5}, ("contract_version", C.NOT_STRING, None)),
+        ({"send_lease_seconds": 0}, ("send_lease_seconds", C.OUT_OF_RANGE, MAX_LEASE_SECONDS)),
     ],
 )
-def test_authorize_dispatch_names_each_bad_argument_and_writes_nothing(any_store, kw, message):
+def test_authorize_dispatch_names_each_bad_argument_and_writes_nothing(any_store, kw, refused):
     s = any_store.store
     it, lease = begun(s)
     before = snapshot(s, it.key)
-    assert refusal(dispatch, s, lease, **kw) == message
+    assert refusal(dispatch, s, lease, **kw) == refused
     assert snapshot(s, it.key) == before
     assert dispatch(s, lease).state == "authorized"
 
@@ -208,8 +214,7 @@ def test_a_request_digest_of_128_characters_passes_intake_and_must_match(any_sto
 def test_submit_applies_the_stores_own_payload_cap(any_store):
     s = any_store.store
     s.max_payload_bytes = 64  # bytes of canonical JSON
-    message = refusal(submit, s, text="x" * 100)
-    assert message == "request is 111 bytes of canonical JSON; the limit is 64"
+    assert refusal(submit, s, text="x" * 100) == ("request", C.TOO_LARGE, 64)
     assert s.list_intents() == []
     assert submit(s, text="short").state == "pending"
 
@@ -218,11 +223,7 @@ def test_submit_applies_the_stores_own_payload_cap(any_store):
 def test_a_resubmission_cannot_change_the_approval_requirement(any_store, first):
     s = any_store.store
     it = submit(s, requires_approval=first)
-    message = refusal(submit, s, requires_approval=not first)
-    assert message == (
-        f"this delivery exists already with requires_approval={first}; "
-        "an approval requirement cannot be added to or dropped from an intent"
-    )
+    assert refusal(submit, s, requires_approval=not first) == ("requires_approval", None, None)
     assert s.get(it.key).requires_approval is first
     assert [x.key for x in s.list_intents()] == [it.key]
 
@@ -252,11 +253,10 @@ def test_a_move_given_the_wrong_object_names_what_it_expected(any_store, wrong):
     s = any_store.store
     it, _ = begun(s)
     before = snapshot(s, it.key)
-    kind = type(wrong).__name__
     for name, kw in LEASE_MOVES.items():
-        assert refusal(getattr(s, name), wrong, **kw) == f"expected a Lease from begin(), got {kind}", name
+        assert refusal(getattr(s, name), wrong, **kw) == ("lease", C.WRONG_TYPE, None), name
     for name in INTENT_MOVES:
-        assert refusal(getattr(s, name), wrong) == f"expected an Intent snapshot, got {kind}", name
+        assert refusal(getattr(s, name), wrong) == ("intent", C.WRONG_TYPE, None), name
     for name, kw in PLAN_MOVES.items():
-        assert refusal(getattr(s, name), wrong, **kw) == f"expected a Plan (Intent.plan), got {kind}", name
+        assert refusal(getattr(s, name), wrong, **kw) == ("plan", C.WRONG_TYPE, None), name
     assert snapshot(s, it.key) == before

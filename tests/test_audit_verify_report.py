@@ -1,4 +1,4 @@
-"""What the audit verifier reports, exactly (issue 8: mutmut survivors of ``atmostonce.audit``).
+"""What the audit verifier reports.
 
 ``atmostonce audit verify --json`` prints these dictionaries and an operator reads the first break of a
 chain from them: its intent, row, reason and message, and each chain's head hash.
