@@ -93,12 +93,12 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m tools.docgen --write
 	$(BIN)/python -m mutation.report --write
-	$(BIN)/python spec/sqldoc.py --write
+	$(BIN)/python -m tools.sqldoc --write
 
 docs-check: $(STAMP)
 	$(BIN)/python -m tools.docgen --check
 	$(BIN)/python -m mutation.report --check || { echo "docs/guards.md is stale: run make docs"; exit 1; }
-	$(BIN)/python spec/sqldoc.py --check
+	$(BIN)/python -m tools.sqldoc --check
 
 ## longer stateful runs against the real databases
 soak: $(STAMP)
