@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from atmostonce.table import table
@@ -24,7 +25,7 @@ def _block(sql: str) -> list[str]:
     return ["```sql", sql + ";", "```", ""]
 
 
-def _names(items) -> str:
+def _names(items: Iterable[str]) -> str:
     return ", ".join(f"`{i}`" for i in items) or "none"
 
 
