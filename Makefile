@@ -89,14 +89,16 @@ TYPED := atmostonce atmostonce_sql atmostonce_http atmostonce_cli atmostonce_mat
 typecheck: $(STAMP)
 	$(BIN)/mypy $(addprefix -p ,$(TYPED)) -p tools -m tests.typing_protocols
 
-## regenerate docs/ tables and diagrams from spec/table.toml
+## regenerate docs/ tables and diagrams from spec/table.toml (docs/state-machine.md, docs/guards.md, docs/sql.md)
 docs: $(STAMP)
 	$(BIN)/python -m tools.docgen --write
 	$(BIN)/python -m mutation.report --write
+	$(BIN)/python -m tools.sqldoc --write
 
 docs-check: $(STAMP)
 	$(BIN)/python -m tools.docgen --check
 	$(BIN)/python -m mutation.report --check || { echo "docs/guards.md is stale: run make docs"; exit 1; }
+	$(BIN)/python -m tools.sqldoc --check
 
 ## longer stateful runs against the real databases
 soak: $(STAMP)

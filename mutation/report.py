@@ -89,6 +89,7 @@ def render() -> str:
                 )
         lines.append("")
     lines += _machine_sections(by_mutant, equivalent)
+    lines += _effect_sections()
     others = [r for r in results if ":guard:" not in r["mutant"] and ":guard-and-backstop:" not in r["mutant"]]
     if others:
         killed = sum(r["killed"] for r in others)
@@ -104,6 +105,65 @@ def render() -> str:
         lines += [f"| `{r['mutant']}` | {('`' + r['by'] + '`') if r['killed'] else '**survived**'} |" for r in others]
         lines.append("")
     return "\n".join(lines)
+
+
+def _effect_sections() -> list[str]:
+    """The table's effects: where each lives in the model and in SQL, and the SQL it writes."""
+    import sqlalchemy as sa
+
+    from atmostonce.effects import EFFECTS
+    from atmostonce.table import table
+    from atmostonce_sql.effects import SQL_EFFECTS, rate_window_move
+    from atmostonce_sql.schema import intents
+    from atmostonce_sql.statements import db_now, render
+
+    t = table()
+    now = db_now("postgresql")
+    # the moved row: the UPDATE ... RETURNING (PostgreSQL's CTE u; on SQLite the row re-read after the UPDATE)
+    moved = sa.table("u", *[sa.column(c.name, c.type) for c in intents.c])
+    lines = [
+        "# Effects",
+        "",
+        "What an accepted move writes besides its state, one entry per effect of the table's catalogue in each "
+        "layer: the model's function (`reference/atmostonce/effects.py`, registry `EFFECTS`) and the SQL "
+        "store's entry (`adapters/atmostonce_sql/effects.py`, registry `SQL_EFFECTS`): the columns it sets in "
+        "the conditional `UPDATE`, the rows it appends from the moved row `u`, and the rate window it moves. "
+        "`tests/test_guards.py` checks both registries cover exactly the catalogue; docs/sql.md shows every "
+        "event's whole statement.",
+        "",
+    ]
+    for name, eff in t.effects.items():
+        entry = SQL_EFFECTS[name]
+        events = [e for e in t.events.values() if name in e.effects]
+        used = ", ".join(f"`{e.name}`" for e in events) or "the creating event"
+        lines += [
+            f"## `{name}`",
+            "",
+            f"{eff.meaning}. Used by: {used}.",
+            "",
+            f"* model: {_where(EFFECTS[name])}",
+        ]
+        if name == "create":
+            lines.append(
+                "* SQL: the creating statement (`Statements.creation` in `adapters/atmostonce_sql/statements.py`; docs/sql.md)"
+            )
+        elif entry.values.__name__ != "_none":
+            lines.append(f"* SQL, the columns it sets: {_where(entry.values)}")
+        values = entry.values(intents.c, now, "postgresql")
+        if values:
+            update = render(sa.update(intents).values(**values), "postgresql")
+            lines.append(f"* sets: `{' '.join(update.removeprefix('UPDATE aom_intents').split())}`")
+        if entry.appends is not None:
+            for stmt in entry.appends(events[0].name if events else name, moved.c, now):
+                lines.append(f"* appends ({_where(entry.appends)}): `{' '.join(render(stmt, 'postgresql').split())}`")
+        if entry.window:
+            stmt = rate_window_move(now, check_limit=True)
+            lines.append(
+                f"* moves the window ({_where(rate_window_move)}), in the move's transaction: "
+                f"`{' '.join(render(stmt, 'postgresql').split())}`"
+            )
+        lines.append("")
+    return lines
 
 
 def _verdict(by_mutant, equivalent, mutant: str) -> str:

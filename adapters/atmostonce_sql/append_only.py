@@ -8,7 +8,17 @@ SQLite: ``UPDATE`` and ``DELETE`` abort, and so does an ``INSERT`` that would re
 
 from __future__ import annotations
 
-__all__ = ["append_only_statements"]
+__all__ = ["append_only_messages", "append_only_statements"]
+
+
+def append_only_messages(table: str) -> tuple[str, str, str]:
+    """What SQLite's triggers on ``table`` raise for an ``UPDATE``, a ``DELETE`` and a replacing ``INSERT``
+    (``atmostonce_sql.execution`` maps exactly these to ``AppendOnlyViolation``)."""
+    return (
+        f"atmostonce: UPDATE on append-only table {table} refused",
+        f"atmostonce: DELETE on append-only table {table} refused",
+        f"atmostonce: replacing a row of append-only table {table} refused",
+    )
 
 
 def append_only_statements(dialect: str, table: str) -> list[str]:
@@ -20,12 +30,10 @@ def append_only_statements(dialect: str, table: str) -> list[str]:
             "FOR EACH ROW EXECUTE FUNCTION aom_refuse_change()",
             f"CREATE TRIGGER {t}_no_truncate BEFORE TRUNCATE ON {t} FOR EACH STATEMENT EXECUTE FUNCTION aom_refuse_change()",
         ]
+    on_update, on_delete, on_replace = append_only_messages(t)
     return [
-        *(
-            f"CREATE TRIGGER {t}_no_{what.lower()} BEFORE {what} ON {t} "
-            f"BEGIN SELECT RAISE(ABORT, 'atmostonce: {what} on append-only table {t} refused'); END"
-            for what in ("UPDATE", "DELETE")
-        ),
+        f"CREATE TRIGGER {t}_no_update BEFORE UPDATE ON {t} BEGIN SELECT RAISE(ABORT, '{on_update}'); END",
+        f"CREATE TRIGGER {t}_no_delete BEFORE DELETE ON {t} BEGIN SELECT RAISE(ABORT, '{on_delete}'); END",
         f"CREATE TRIGGER {t}_no_replace BEFORE INSERT ON {t} WHEN EXISTS (SELECT 1 FROM {t} WHERE seq = NEW.seq) "
-        f"BEGIN SELECT RAISE(ABORT, 'atmostonce: replacing a row of append-only table {t} refused'); END",
+        f"BEGIN SELECT RAISE(ABORT, '{on_replace}'); END",
     ]

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,13 +32,11 @@ from atmostonce.audit import (
     AuditRow,
     field_texts,
     history_hash,
-    reconciliation_step,
 )
 from atmostonce.claims import claim_refusal_recorded
 from atmostonce.errors import (
     INTENT_EXISTS,
     SOURCE_STATE,
-    AppendOnlyViolation,
     GuardRefused,
     IllegalMove,
     NoSynchronousStandby,
@@ -68,6 +65,8 @@ from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
 from .claims import SqlClaims
+from .effects import SQL_EFFECTS, rate_window_move
+from .execution import REFUSED_SQLSTATE, TEXT_WINDOW_CONSTRAINT, ConstraintRefused, Deadlock, Executor, MoveRefused
 from .guards import PARAMS, SQL_GUARDS, GuardRefs, text_window_expr, window_full
 from .schema import (
     TEXT_WINDOW_SETTING,
@@ -85,16 +84,15 @@ from .schema import (
     rate_limits,
     reconciliations,
     refusals,
-    sequences,
     settings,
     signing_policies,
     source_versions,
     sources,
-    text_claims,
 )
 from .sequences import resync_sequences
+from .statements import SUBMITTED, Statements, db_now, store_epoch
 
-__all__ = ["HA_MODES", "SqlStore", "register_sqlite_functions"]
+__all__ = ["HA_MODES", "SqlStore", "db_now", "register_sqlite_functions"]
 
 HA_MODES = ("sync", "async")
 """The HA modes a PostgreSQL store may be opened in (docs/design.md, "Failover and synchronous replication"):
@@ -119,19 +117,6 @@ def register_sqlite_functions(dbapi_conn: Any) -> None:
 
 
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
-
-
-def _store_epoch() -> sa.Label:
-    """The database's restore epoch, read in the same statement as the intent row (``Intent.store_epoch``:
-    a plan made from the snapshot carries it, so a restore voids every plan made before it)."""
-    return sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery().label("store_epoch")
-
-
-def db_now(dialect: str) -> sa.ColumnElement:
-    """The database clock in float seconds since the epoch."""
-    if dialect == "postgresql":
-        return sa.literal_column("extract(epoch from clock_timestamp())::double precision", sa.Float(53))
-    return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float(53))
 
 
 class SqlStore(SqlClaims, Operations):
@@ -171,13 +156,10 @@ class SqlStore(SqlClaims, Operations):
         self._now = db_now(self.dialect)
         if self.dialect == "sqlite":  # engines made elsewhere than make_engine get the audit function too
             sa.event.listen(engine, "connect", lambda dbapi_conn, _record: register_sqlite_functions(dbapi_conn))
-        if self.dialect == "postgresql":  # a pool of connections that stay in autocommit: no toggling per checkout
-            size = engine.pool.size() if hasattr(engine.pool, "size") else 5
-            self._autocommit = sa.create_engine(
-                engine.url, isolation_level="AUTOCOMMIT", pool_size=size, max_overflow=size
-            )
-        else:
-            self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._exec = Executor(engine, self._check_timeline if self.ha is not None else None)
+        """The driver: transactions, compiled sends, the pipeline, and the map from driver errors."""
+        self._autocommit = self._exec.autocommit
+        self._builder: Statements | None = None
         self._disabled_guards: frozenset[str] = frozenset()
         self._cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._outcome_events = frozenset(self.table.outcome_events)
@@ -188,41 +170,22 @@ class SqlStore(SqlClaims, Operations):
         self._opening = frozenset(e.name for e in self.table.events.values() if "open_attempt" in e.effects)
 
     def close(self) -> None:
-        self.engine.dispose()
-        if self._autocommit is not self.engine and isinstance(self._autocommit, Engine):
-            self._autocommit.dispose()
+        self._exec.dispose()
+
+    @property
+    def _sql(self) -> Statements:
+        """The statement builder of the store's table and clock (rebuilt when either is replaced)."""
+        b = self._builder
+        mine = (self.table, self._now, self.approval_table)
+        if b is None or any(x is not y for x, y in zip((b.table, b.now, b.approval_table), mine, strict=True)):
+            b = self._builder = Statements(self.table, self.dialect, self._now, self.approval_table)
+        return b
 
     # -- plumbing -------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _tx(self, autocommit: bool = False) -> Iterator[Connection]:
-        """A transaction (or, with ``autocommit``, a connection for one self-contained statement);
-        driver errors are mapped to :class:`StoreError`."""
-        try:
-            if autocommit:
-                with self._autocommit.connect() as conn:
-                    if self.ha is not None:
-                        self._check_timeline(conn)
-                    yield conn
-                return
-            with self.engine.connect() as conn:
-                if self.ha is not None:
-                    self._check_timeline(conn)
-                with conn.begin():
-                    yield conn
-        except Rejected:
-            raise
-        except sa.exc.DBAPIError as exc:
-            msg = str(exc.orig) if exc.orig is not None else str(exc)
-            if self.dialect == "postgresql" and self._lost_connection(exc):
-                # the server went away (a failover, a restart): every pooled connection is to the old server, so
-                # all are dropped and the next operation connects afresh (libpq finds the primary again). The
-                # move this was is an unknown outcome to the caller: it re-reads, and never repeats a send.
-                self.engine.dispose()
-                if self._autocommit is not self.engine and isinstance(self._autocommit, Engine):
-                    self._autocommit.dispose()
-            if "append-only" in msg:
-                raise AppendOnlyViolation(msg) from exc
-            raise StoreError(f"{type(exc.orig).__name__ if exc.orig else 'database error'}: {msg}") from exc
+    def _tx(self, autocommit: bool = False) -> contextlib.AbstractContextManager[Connection]:
+        """A transaction (or, with ``autocommit``, a connection for one self-contained statement); driver
+        errors are mapped to the library's exceptions (``atmostonce_sql.execution``)."""
+        return self._exec.tx(autocommit)
 
     # -- high availability (docs/design.md, "Failover and synchronous replication") ------------------------
     def _check_timeline(self, conn: Connection) -> None:
@@ -291,26 +254,13 @@ class SqlStore(SqlClaims, Operations):
         if not str(names or "").strip() or not streaming:
             raise NoSynchronousStandby(ev.name, key, str(names or ""), int(streaming or 0))
 
-    def _lost_connection(self, exc: sa.exc.DBAPIError) -> bool:
-        if exc.connection_invalidated:
-            return True
-        try:
-            return bool(exc.orig is not None and self.engine.dialect.is_disconnect(exc.orig, None, None))  # type: ignore[arg-type]  # a DBAPI error
-        except Exception:  # noqa: BLE001 - a dialect that cannot tell: keep the pool
-            return False
-
     def now(self) -> float:
         with self._tx() as conn:
             return float(conn.execute(sa.select(self._now)).scalar_one())
 
     def _next_generation(self, conn: Connection) -> int:
         """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction."""
-        return conn.execute(
-            sa.update(sequences)
-            .where(sequences.c.name == "generation")
-            .values(value=sequences.c.value + 1)
-            .returning(sequences.c.value)
-        ).scalar_one()
+        return conn.execute(self._sql.next_generation()).scalar_one()
 
     @staticmethod
     def _intent(row: Mapping[str, Any] | RowMapping) -> Intent:
@@ -321,74 +271,24 @@ class SqlStore(SqlClaims, Operations):
         return Intent(**d)
 
     # -- primitives -----------------------------------------------------------------------
-    _SUBMITTED = (
-        "key",
-        "account",
-        "action_kind",
-        "target",
-        "request",
-        "request_digest",
-        "max_attempts",
-        "max_reconciles",
-        "normalizer_version",
-        "text_hash",
-        "source_id",
-        "source_version",
-        "requires_approval",
-    )
-
     def _creation_statements(self) -> dict[str, Any]:
         hit = self._cache.get(("<create>", frozenset()))
-        if hit is not None:
-            return hit
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:  # the same on_conflict_do_nothing API as PostgreSQL's
-            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
-        c = intents.c
-        values: dict[str, Any] = {name: sa.bindparam(f"p_{name}", type_=c[name].type) for name in self._SUBMITTED}
-        values |= {
-            "state": self.table.initial,
-            "attempt_count": 0,
-            "reconcile_count": 0,
-            "resend_epoch": 0,
-            "fence_epoch": 0,
-            "history_count": 1,
-            "created_at": self._now,
-            "updated_at": self._now,
-        }
-        ins = (
-            insert(intents)
-            .values(**values)
-            .on_conflict_do_nothing(index_elements=["key"])
-            .returning(*intents.c, _store_epoch())
-        )
-        creator = next(e for e in self.table.events.values() if e.creates)
-        existing = sa.select(intents, _store_epoch()).where(c.key == sa.bindparam("p_key"))
-        if self.dialect == "postgresql":  # insert and history in one statement, one round trip
-            new = ins.cte("u")
-            out: dict[str, Any] = {
-                "one": sa.select(*new.c).add_cte(self._history_insert(creator, new, opens=False).cte("h"))
-            }
-        else:
-            src = sa.select(intents).where(c.key == sa.bindparam("p_key")).subquery("u")
-            out = {"insert": ins, "history": self._history_insert(creator, src, opens=False)}
-        out |= {"existing": existing, "creator": creator}
-        self._cache[("<create>", frozenset())] = out
-        return out
+        if hit is None:
+            hit = self._cache[("<create>", frozenset())] = self._sql.creation()
+        return hit
 
     def _create(self, sub: Submission) -> tuple[Intent, bool]:
         if sub.earlier_keys:  # the same delivery keyed by an older normalizer: found, never duplicated
             with self._tx() as conn:
                 row = (
-                    conn.execute(sa.select(intents, _store_epoch()).where(intents.c.key.in_(sub.earlier_keys)))
+                    conn.execute(sa.select(intents, store_epoch()).where(intents.c.key.in_(sub.earlier_keys)))
                     .mappings()
                     .first()
                 )
             if row is not None:
                 return self._intent(row), False
         stmts = self._creation_statements()
-        params = {f"p_{name}": getattr(sub, name) for name in self._SUBMITTED if name != "request"}
+        params = {f"p_{name}": getattr(sub, name) for name in SUBMITTED if name != "request"}
         params |= {
             "p_request": sub.request_json,
             "p_actor": stmts["creator"].actor,
@@ -397,10 +297,10 @@ class SqlStore(SqlClaims, Operations):
         }
         if self.dialect == "postgresql":
             with self._tx(autocommit=True) as conn:
-                row = self._execute_compiled(conn, stmts, "one", params)
-                if row is None:
+                made = self._exec.run(conn, stmts, "one", params)
+                if made is None:
                     return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
-                return self._intent(row), True
+                return self._intent(made), True
         with self._tx() as conn:
             row = conn.execute(stmts["insert"], params).mappings().first()
             if row is None:
@@ -441,49 +341,9 @@ class SqlStore(SqlClaims, Operations):
         one run inside the transaction that also moves the claim (see :meth:`_coupled_moves`)."""
         cache_key = (ev.name, self._disabled_guards, coupled)
         hit = self._cache.get(cache_key)
-        if hit is not None:
-            return hit
-        c = intents.c
-        x = GuardRefs(c.key, None, self.table, self.approval_table)  # an intent move: the row's own key
-        where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
-        where += [SQL_GUARDS[g](c, self._now, x) for g in ev.guards if g not in self._disabled_guards]
-        if ev.couples and not coupled:
-            where.append(c.requires_approval.is_(sa.false()))
-        takes_slot = "take_rate_slot" in ev.effects
-        if takes_slot and not coupled:  # an account with a rate limit moves its window row in the same transaction
-            where.append(~sa.exists().where(rate_limits.c.account == c.account))
-        values: dict[str, Any] = {
-            "state": ev.target,
-            "prev_state": c.state,
-            "prev_attempt_token": c.attempt_token,
-            "updated_at": self._now,
-            "history_count": c.history_count + 1,
-        }
-        for eff in ev.effects:
-            values.update(self._effect_values(eff))
-        update = sa.update(intents).where(*where).values(**values).returning(*intents.c, _store_epoch())
-        checked = [g for g in ev.guards if g not in self._disabled_guards]  # what this statement evaluates
-        diagnose = sa.select(
-            c.state,
-            *[sa.case((SQL_GUARDS[g](c, self._now, x), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
-            c.requires_approval,
-            sa.exists().where(rate_limits.c.account == c.account).label("rate_limited_account"),
-        ).where(c.key == sa.bindparam("p_key"))
-        out: dict[str, Any] = {"update": update, "diagnose": diagnose, "checked": checked}
-        if self.dialect == "postgresql" and not coupled:
-            upd = update.cte("u")
-            appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self._appends(ev, upd))]
-            out["one"] = sa.select(*upd.c).add_cte(*appends)
-            # the same, failing (SQLSTATE AOM01, migration 0010) when no row moved: for moves pipelined in one
-            # transaction, where the statements queued after a refused move and the COMMIT must not apply
-            moved = sa.func.aom_moved(sa.select(sa.func.count()).select_from(upd).scalar_subquery(), ev.name)
-            check = sa.select(moved.label("aom_moved")).subquery("chk")
-            out["strict"] = sa.select(*upd.c).select_from(check.outerjoin(upd, sa.true())).add_cte(*appends)
-        else:
-            src = sa.select(intents).where(intents.c.key == sa.bindparam("p_key")).subquery("u")
-            out["appends"] = self._appends(ev, src)
-        self._cache[cache_key] = out
-        return out
+        if hit is None:
+            hit = self._cache[cache_key] = self._sql.move(ev, self._disabled_guards, coupled)
+        return hit
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
         ev = self.table.event(event)
@@ -540,71 +400,48 @@ class SqlStore(SqlClaims, Operations):
     def _reraise(exc: BaseException) -> Any:
         raise exc
 
-    REFUSED_SQLSTATE = "AOM01"
+    REFUSED_SQLSTATE = REFUSED_SQLSTATE
     """What ``aom_moved`` raises when a pipelined move moved no row (migration 0010)."""
 
     def _pipelined(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent] | None:
         """PostgreSQL: BEGIN, each move's statement and COMMIT sent through psycopg's pipeline, on an
-        autocommit connection. One round trip for moves whose arguments are known up front; a step
-        whose arguments are computed from the previous move's row (a callable) waits for that row,
-        one more round trip. Each move's statement fails when it moved no row, which aborts the
-        transaction, so the COMMIT applies every move or none. Returns the moved rows; raises the
-        refusal of the first move, diagnosed afterwards like a single move's; ``None`` (nothing was
+        autocommit connection (:meth:`Executor.pipeline`). One round trip for moves whose arguments are
+        known up front; a step whose arguments are computed from the previous move's row (a callable)
+        waits for that row, one more round trip. Each move's statement fails when it moved no row, which
+        aborts the transaction, so the COMMIT applies every move or none. Returns the moved rows; raises
+        the refusal of the first move, diagnosed afterwards like a single move's; ``None`` (nothing was
         written) when a move needs its coupled form, or when a later move refused: the transaction
         path then runs the moves again and diagnoses the refusal where the earlier moves are visible."""
-        import psycopg
+        queued: list[tuple[Any, dict[str, Any]]] = []
 
-        with self._tx(autocommit=True) as sconn:  # driver errors become StoreError there
-            raw: Any = sconn.connection.dbapi_connection
-            queued: list[tuple[Any, dict[str, Any], Any]] = []
-            rows: list[Intent] = []
-            try:
-                with raw.pipeline():
-                    raw.execute("BEGIN")
-                    if self._lossable([event for event, _ in steps]):
-                        raw.execute("SET LOCAL synchronous_commit = off")
-                    for event, args in steps:
-                        ev = self.table.event(event)
-                        if callable(args):
-                            rows += [self._fetch_moved(cur, stmts) for _, _, (cur, stmts) in queued[len(rows) :]]
-                            args = args(rows[-1] if rows else None)
-                        params = self._params(ev, key, args, None)
-                        queued.append((ev, params, self._send_compiled(raw, self._statements(ev), "strict", params)))
-                    raw.execute("COMMIT")
-                rows += [self._fetch_moved(cur, stmts) for _, _, (cur, stmts) in queued[len(rows) :]]
-                return rows
-            except psycopg.Error as exc:
-                with contextlib.suppress(psycopg.Error):
-                    raw.execute("ROLLBACK")
-                refused = getattr(exc, "sqlstate", None) == self.REFUSED_SQLSTATE
-                refused_move = exc.diag.message_detail if refused else None
-                at = next((i for i, (ev, _, _) in enumerate(queued) if ev.name == refused_move), None)
-                if at is None:
-                    if raw.broken or raw.closed:  # the connection is gone: the pool must not hand it out again
-                        sconn.invalidate()
-                    raise sa.exc.DBAPIError.instance("pipelined moves", None, exc, type(exc)) from exc
-                if at > 0:
-                    # a later move refused: what refused it can only be read inside the transaction the
-                    # earlier moves were in, so the transaction path runs them again and names it
-                    return None
-                ev, params, _ = queued[0]
+        def body(pipe: Any) -> None:
+            for event, args in steps:
+                ev = self.table.event(event)
+                if callable(args):
+                    rows = pipe.rows()
+                    args = args(self._intent(rows[-1]) if rows else None)
+                params = self._params(ev, key, args, None)
+                queued.append((ev, params))
+                pipe.send(self._statements(ev), "strict", params)
+
+        try:
+            with self._tx(autocommit=True) as sconn:  # driver errors become StoreError there
+                rows = self._exec.pipeline(sconn, self._lossable([event for event, _ in steps]), body)
+            return [self._intent(r) for r in rows]
+        except MoveRefused as refused:
+            at = next((i for i, (ev, _) in enumerate(queued) if ev.name == refused.move), None)
+            if at is None:
+                raise StoreError(f"pipelined moves: the refused move {refused.move!r} was not queued") from refused
+            if at > 0:
+                # a later move refused: what refused it can only be read inside the transaction the
+                # earlier moves were in, so the transaction path runs them again and names it
+                return None
+            ev, params = queued[0]
         with self._tx(autocommit=True) as conn:
             refusal = self._diagnose(conn, ev, key, params)
         if refusal is None:
             return None
         raise refusal
-
-    def _send_compiled(self, raw: Any, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> Any:
-        """Queue a cached statement on the psycopg connection ``raw``; returns ``(cursor, stmts)``."""
-        return self._raw_execute(raw, stmts, name, params), stmts
-
-    def _fetch_moved(self, cur: Any, stmts: dict[str, Any]) -> Intent:
-        row = cur.fetchone()
-        names = stmts.get("strict.columns")
-        if names is None:
-            names = stmts["strict.columns"] = [d.name for d in cur.description]
-        cur.close()
-        return self._intent(dict(zip(names, row, strict=True)))
 
     def _apply_in(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> Intent:
         """One move inside the open transaction ``conn``: the conditional write and its appends (on
@@ -613,12 +450,12 @@ class SqlStore(SqlClaims, Operations):
         stmts = self._statements(ev)
         params = self._params(ev, key, args, conn)
         if self.dialect == "postgresql":
-            row = self._execute_compiled(conn, stmts, "one", params)
+            row = self._exec.run(conn, stmts, "one", params)
         else:
-            row = self._sqlite_run(conn, stmts, "update", params)
+            row = self._exec.run_sqlite(conn, stmts, "update", params)
             if row is not None:
                 for i in range(len(stmts["appends"])):
-                    self._sqlite_run(conn, stmts, ("appends", i), params, fetch=False)
+                    self._exec.run_sqlite(conn, stmts, ("appends", i), params, fetch=False)
         if row is not None:
             return self._intent(row)
         refusal = self._diagnose(conn, ev, key, params)
@@ -634,42 +471,11 @@ class SqlStore(SqlClaims, Operations):
         if row is None:
             raise self._diagnose(conn, ev, key, params, coupled=True) or Rejected(ev.name, key, "lost_race", None)
         self._coupled_moves(conn, ev, row, args)
-        if "take_rate_slot" in ev.effects:
+        if self._moves_window(ev):
             self._take_rate_slot(conn, ev, row)
         for stmt in stmts["appends"]:
             conn.execute(stmt, params)
         return self._intent(row)
-
-    def _sqlite_run(
-        self, conn: Connection, stmts: dict[str, Any], name: Any, params: Mapping[str, Any], fetch: bool = True
-    ) -> dict[str, Any] | None:
-        """SQLite: run a cached statement (``name``, or ``("appends", i)``) on the sqlite3 connection
-        under ``conn``'s transaction, compiled once by SQLAlchemy (same SQL, same bind processing),
-        without SQLAlchemy's per-call execution machinery. Returns the first row as a mapping (values as
-        SQLite holds them; :meth:`_intent` reads them), or ``None``. Driver errors surface as ``DBAPIError``."""
-        compiled = stmts.get(f"sqlite:{name!r}")
-        if compiled is None:
-            stmt = stmts[name] if isinstance(name, str) else stmts[name[0]][name[1]]
-            c = stmt.compile(dialect=self.engine.dialect)
-            processors = {k: v for k, v in c._bind_processors.items() if v is not None}
-            compiled = stmts[f"sqlite:{name!r}"] = (c, c.string, tuple(c.positiontup or ()), processors)
-        c, sql, order, processors = compiled
-        values = c.construct_params(params, _check=False)
-        for k, proc in processors.items():
-            if k in values and values[k] is not None:
-                values[k] = proc(values[k])
-        try:
-            raw: Any = conn.connection.dbapi_connection
-            cur = raw.execute(sql, [values[k] for k in order])
-        except Exception as exc:
-            raise sa.exc.DBAPIError.instance(sql, values, exc, type(exc)) from exc
-        try:
-            if not fetch:
-                return None
-            row = cur.fetchone()
-            return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
-        finally:
-            cur.close()
 
     def _refusing(self, ev, key: str, args: Mapping[str, Any], run: Any) -> Any:
         """Run ``run()``; map what the database refused to the table's refusals (and record a claim's)."""
@@ -683,7 +489,8 @@ class SqlStore(SqlClaims, Operations):
         except StoreError as exc:
             # a concurrent claim of the same text won: the exclusion constraint refused this one, or
             # PostgreSQL broke a wait cycle between two conflicting claims (the victim wrote nothing)
-            if "aom_text_claims_window" in str(exc) or ("Deadlock" in str(exc) and '"aom_text_claims"' in str(exc)):
+            excluded = isinstance(exc, ConstraintRefused) and exc.constraint == TEXT_WINDOW_CONSTRAINT
+            if excluded or (isinstance(exc, Deadlock) and "claim_text_slot" in ev.effects):
                 raise GuardRefused(
                     ev.name, key, GUARD.text_window_clear, None, "refused by the database exclusion"
                 ) from exc
@@ -696,7 +503,7 @@ class SqlStore(SqlClaims, Operations):
             with self._tx() as conn:
                 self._durable_authorization(conn, ev, key)
                 params = self._params(ev, key, args, conn)
-                row = self._execute_compiled(conn, stmts, "one", params)
+                row = self._exec.run(conn, stmts, "one", params)
                 if row is not None:
                     return self._intent(row)
                 refusal = self._diagnose(conn, ev, key, params)
@@ -712,7 +519,7 @@ class SqlStore(SqlClaims, Operations):
             # autocommit mode: one round trip per accepted transition
             with self._tx(autocommit=True) as conn:
                 params = self._params(ev, key, args, conn)
-                row = self._execute_compiled(conn, stmts, "one", params)
+                row = self._exec.run(conn, stmts, "one", params)
                 if row is not None:
                     return self._intent(row)
                 refusal = self._diagnose(conn, ev, key, params)
@@ -730,283 +537,21 @@ class SqlStore(SqlClaims, Operations):
                 self._durable_authorization(conn, ev, key)
             return self._coupled_in(conn, ev, key, args, self._params(ev, key, args, conn))
 
+    @staticmethod
+    def _moves_window(ev) -> bool:
+        """Whether one of the move's effects moves the account's rate window row (``SqlEffect.window``)."""
+        return any(SQL_EFFECTS[e].window for e in ev.effects)
+
     def _take_rate_slot(self, conn: Connection, ev, row: Mapping[str, Any] | RowMapping) -> None:
-        """The account's window row, by compare-and-set: a passed window restarts at one, a running one
-        counts one more while it has room (``rate_limit_clear``); the row lock serializes concurrent sends."""
+        """The account's window row, by compare-and-set (``atmostonce_sql.effects.rate_window_move``), in the
+        move's transaction; an account without a rate limit has no row to move."""
         r = rate_limits.c
         if conn.execute(sa.select(r.account).where(r.account == row["account"])).first() is None:
             return
-        restart = sa.or_(r.window_start.is_(None), r.window_start + r.window_seconds <= self._now)
-        where = [r.account == row["account"]]
-        if GUARD.rate_limit_clear not in self._disabled_guards:
-            where.append(sa.not_(window_full(r, self._now)))
-        moved = conn.execute(
-            sa.update(rate_limits)
-            .where(*where)
-            .values(
-                window_start=sa.case((restart, self._now), else_=r.window_start),
-                used=sa.case((restart, 1), else_=r.used + 1),
-            )
-            .returning(r.account)
-        ).first()
+        check = GUARD.rate_limit_clear not in self._disabled_guards
+        moved = conn.execute(rate_window_move(self._now, check), {"p_account": row["account"]}).first()
         if moved is None:
             raise GuardRefused(ev.name, row["key"], GUARD.rate_limit_clear, row["prev_state"])
-
-    def _compiled(self, stmts: dict[str, Any], name: str) -> tuple[Any, str, dict[str, Any]]:
-        """A cached statement compiled once: the compiled object, its SQL and its bind processors."""
-        compiled = stmts.get(f"{name}.compiled")
-        if compiled is None:
-            c = stmts[name].compile(dialect=self.engine.dialect)
-            processors = {k: v for k, v in c._bind_processors.items() if v is not None}
-            compiled = stmts[f"{name}.compiled"] = (c, c.string, processors)
-        return compiled
-
-    def _native(self, stmts: dict[str, Any], name: str) -> tuple[str, tuple[str, ...]]:
-        """The compiled statement in PostgreSQL's own ``$n`` placeholders, with the parameter names in
-        order: psycopg's ``RawCursor`` sends it as it is, without parsing the query on every call (its
-        parse cache skips statements over 4 kB, and the authorizing statement is longer)."""
-        native = stmts.get(f"{name}.native")
-        if native is None:
-            _, sql, _ = self._compiled(stmts, name)
-            order: dict[str, int] = {}
-
-            def number(m: re.Match[str]) -> str:
-                return f"${order.setdefault(m.group(1), len(order) + 1)}"
-
-            text = re.sub(r"%\(([^)]+)\)s", number, sql).replace("%%", "%")
-            native = stmts[f"{name}.native"] = (text, tuple(order))
-        return native
-
-    def _raw_execute(self, raw: Any, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> Any:
-        """Send a cached statement on the psycopg connection ``raw``; returns the open cursor."""
-        import psycopg
-
-        c, _, processors = self._compiled(stmts, name)
-        sql, order = self._native(stmts, name)
-        values = c.construct_params(params, _check=False)
-        for k, proc in processors.items():
-            if k in values and values[k] is not None:
-                values[k] = proc(values[k])
-        cur = psycopg.RawCursor(raw)
-        cur.execute(sql, [values[k] for k in order], prepare=True)
-        return cur
-
-    def _execute_compiled(self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]):
-        """Run a cached statement through the driver directly: compiled once by SQLAlchemy (same SQL,
-        same bind processing), then sent by psycopg without SQLAlchemy's per-call execution machinery.
-        Returns the first row as a mapping, or ``None``. Driver errors surface as ``DBAPIError``."""
-        raw: Any = conn.connection.dbapi_connection
-        try:
-            cur = self._raw_execute(raw, stmts, name, params)
-        except Exception as exc:
-            if raw.broken or raw.closed:  # sent past SQLAlchemy: tell its pool the connection is gone
-                conn.invalidate()
-            raise sa.exc.DBAPIError.instance(self._compiled(stmts, name)[1], dict(params), exc, type(exc)) from exc
-        try:
-            row = cur.fetchone()
-            if row is None:
-                return None
-            names = stmts.get(f"{name}.columns")
-            if names is None:  # the RETURNING list is fixed per statement
-                names = stmts[f"{name}.columns"] = [d.name for d in cur.description]
-            return dict(zip(names, row, strict=True))
-        finally:
-            cur.close()
-
-    def _appends(self, ev, src) -> list[sa.Insert | sa.Update]:
-        """The append-only rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``."""
-        u = src.c
-        out: list[sa.Insert | sa.Update] = []
-        opens = "open_attempt" in ev.effects
-        if opens:
-            out.append(
-                sa.insert(attempts).from_select(
-                    [
-                        "attempt_token",
-                        "key",
-                        "number",
-                        "generation",
-                        "request_digest",
-                        "opened_at",
-                        "resend_epoch",
-                        "fence_epoch",
-                    ],
-                    sa.select(
-                        u.attempt_token,
-                        u.key,
-                        u.attempt_count,
-                        u.generation,
-                        u.request_digest,
-                        self._now,
-                        u.resend_epoch,
-                        u.fence_epoch,
-                    ),
-                )
-            )
-        if "close_attempt" in ev.effects or "fence_restore" in ev.effects:
-            out.append(
-                sa.insert(attempt_outcomes).from_select(
-                    ["attempt_token", "outcome", "recorded_at"],
-                    sa.select(u.prev_attempt_token, sa.literal(ev.name, sa.Text), self._now).where(
-                        u.prev_attempt_token.is_not(None)
-                    ),
-                )
-            )
-        if "claim_text_slot" in ev.effects:
-            out.append(
-                sa.insert(text_claims).from_select(
-                    ["key", "account", "text_hash", "start_at", "end_at", "released"],
-                    sa.select(
-                        u.key,
-                        u.account,
-                        u.text_hash,
-                        self._now,
-                        self._now + text_window_expr(),
-                        sa.false(),
-                    ).where(u.text_hash.is_not(None)),
-                )
-            )
-        if "release_text_slot" in ev.effects:
-            out.append(
-                sa.update(text_claims)
-                .where(text_claims.c.key == sa.select(u.key).scalar_subquery(), sa.not_(text_claims.c.released))
-                .values(released=True)
-            )
-        hist = self._history_insert(ev, src, opens)
-        if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
-            h = hist.cte("h")
-            rec = self._reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
-            if rec is None:
-                out.append(hist)
-            elif reconciliation_step(self.table, ev.name)[0] == "open":  # type: ignore[index]  # rec: a step
-                out.append(rec)  # it reads the history CTE's seq, which brings that insert in (once)
-            else:
-                out += [hist, rec]
-        else:
-            h_ = history.c
-            rec = self._reconciliation_insert(
-                ev, src, sa.select(sa.func.max(h_.seq)).where(h_.key == src.c.key).scalar_subquery()
-            )
-            out += [hist] if rec is None else [hist, rec]  # in this order, in one write transaction
-        return out
-
-    def _reconciliation_insert(self, ev, src, send_seq) -> sa.Insert | None:
-        """The reconciliation record of a move (``atmostonce.audit.reconciliation_step``), or ``None``.
-
-        A lookup or resolution joins the intent's newest record. That record was committed before
-        this statement's snapshot: the state the move requires (``indeterminate``, ``parked``) was
-        set by the move that wrote it or a later one, and any move that changed the state since would
-        make this one's conditional write refuse after its lock wait."""
-        step = reconciliation_step(self.table, ev.name)
-        if step is None:
-            return None
-        kind, result = step
-        u, rc = src.c, reconciliations.c
-        cols = ["key", "send_seq", "event", "result", "remote_id", "recorded_at"]
-        what = (sa.literal(ev.name, sa.Text), sa.literal(result, sa.Text))
-        if kind == "open":
-            return sa.insert(reconciliations).from_select(
-                cols, sa.select(u.key, send_seq, *what, u.remote_id, self._now)
-            )
-        newest = (
-            sa.select(rc.send_seq).where(rc.key == u.key, rc.send_seq.is_not(None)).order_by(rc.seq.desc()).limit(1)
-        )
-        q = sa.select(u.key, newest.scalar_subquery(), *what, sa.bindparam("p_remote_id", type_=sa.Text), self._now)
-        if kind == "settle":  # only a send still unknown is settled by a person's resolution
-            q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
-        return sa.insert(reconciliations).from_select(cols, q)
-
-    _HISTORY_COLUMNS = (
-        "key",
-        "event",
-        "actor",
-        "from_state",
-        "to_state",
-        "attempt_token",
-        "generation",
-        "detail",
-        "recorded_at",
-    )
-
-    def _history_insert(self, ev, src, opens: bool) -> sa.Insert:
-        """The history row of a move. PostgreSQL's trigger (migration 0002) chains it; on SQLite the
-        statement assigns the sequence itself and chains the row through ``aom_chain_hash`` (the
-        writer lock is held, so the newest row read here is the chain's head)."""
-        u = src.c
-        if opens or ev.creates:
-            token, gen = u.attempt_token, u.generation
-        else:
-            token = u.prev_attempt_token
-            gen = sa.func.coalesce(sa.bindparam("p_generation", type_=sa.BigInteger), u.generation)
-        values = (
-            u.key,
-            sa.literal(ev.name, sa.Text),
-            sa.bindparam("p_actor", type_=sa.Text),
-            sa.null() if ev.creates else u.prev_state,
-            u.state,
-            token,
-            gen,
-            sa.bindparam("p_detail", type_=history.c.detail.type),
-            self._now,
-        )
-        names = list(self._HISTORY_COLUMNS)
-        if self.dialect == "postgresql":
-            return sa.insert(history).from_select(names, sa.select(*values)).returning(history.c.seq)
-        h = history.c
-        next_seq = sa.literal_column(
-            "max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'aom_history'), 0), "
-            "coalesce((SELECT max(seq) FROM aom_history), 0)) + 1",
-            sa.Integer,
-        )
-        prev = sa.select(h.row_hash).where(h.key == u.key).order_by(h.seq.desc()).limit(1).scalar_subquery()
-        v = sa.select(
-            next_seq.label("seq"), *[x.label(n) for n, x in zip(names, values, strict=True)], prev.label("prev_hash")
-        ).subquery("v")
-        row_hash = sa.func.aom_chain_hash(v.c.prev_hash, *[v.c[f] for f in HISTORY_FIELDS], type_=sa.Text)
-        return sa.insert(history).from_select(
-            ["seq", *names, "prev_hash", "row_hash"],
-            sa.select(v.c.seq, *[v.c[n] for n in names], v.c.prev_hash, row_hash),
-        )
-
-    def _effect_values(self, eff: str) -> dict[str, Any]:
-        c = intents.c
-        if eff == "open_attempt":
-            generation = (
-                sa.func.nextval("aom_generation")
-                if self.dialect == "postgresql"
-                else sa.bindparam("p_new_generation", type_=sa.BigInteger)
-            )
-            return {
-                "attempt_count": c.attempt_count + 1,
-                "attempt_token": sa.bindparam("p_new_token", type_=sa.Text),
-                "generation": generation,
-                "lease_expires_at": self._now + sa.bindparam("p_lease_seconds", type_=sa.Float(53)),
-                "remote_id": None,
-                "epoch": sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery(),
-            }
-        if eff == "extend_lease":
-            return {"lease_expires_at": self._now + sa.bindparam("p_lease_seconds", type_=sa.Float(53))}
-        if eff == "write_descriptor":
-            return {"descriptor": sa.bindparam("p_descriptor", type_=intents.c.descriptor.type)}
-        if eff == "set_remote_id":
-            return {"remote_id": sa.bindparam("p_remote_id", type_=sa.Text)}
-        if eff in ("close_attempt", "fence_restore"):
-            return {"attempt_token": None, "lease_expires_at": None}
-        if eff in ("claim_text_slot", "release_text_slot"):
-            return {}  # rows of aom_text_claims, written beside the move (see _appends)
-        if eff == "take_rate_slot":
-            return {}  # the account's window row, by compare-and-set in the move's transaction (_take_rate_slot)
-        if eff == "count_reconcile":
-            return {"reconcile_count": c.reconcile_count + 1}
-        if eff == "bump_resend_epoch":
-            return {"resend_epoch": c.resend_epoch + 1, "remote_id": None}
-        if eff == "bump_fence_epoch":
-            return {"fence_epoch": c.fence_epoch + 1}
-        if eff == "grant_attempt":
-            return {
-                "max_attempts": sa.case((c.max_attempts > c.attempt_count, c.max_attempts), else_=c.attempt_count + 1)
-            }
-        raise StoreError(f"effect {eff!r} has no SQL implementation")
 
     def _check(self, event: str, key: str, args: Mapping[str, Any], guards: tuple[str, ...]) -> str | None:
         """A read-only ``SELECT`` of the event's source state and guard fragments (the diagnosis statement
@@ -1017,9 +562,9 @@ class SqlStore(SqlClaims, Operations):
             values = self._guard_values(key, args)
             row = conn.execute(stmts["diagnose"], {f"p_{k}": v for k, v in values.items()}).first()
         if row is None:
-            raise UnknownIntent(event, key, "intent_exists", None)
+            raise UnknownIntent(event, key, INTENT_EXISTS, None)
         if row[0] not in ev.sources:
-            return "source_state"
+            return SOURCE_STATE
         passed = {g: bool(row[i + 1]) for i, g in enumerate(stmts["checked"])}  # disabled guards are absent
         return next((g for g in guards if not passed.get(g, True)), None)
 
@@ -1035,7 +580,7 @@ class SqlStore(SqlClaims, Operations):
         for i, g in enumerate(self._statements(ev)["checked"]):
             if not row[i + 1]:
                 return GuardRefused(ev.name, key, g, row[0])
-        if not coupled and ((ev.couples and row[-2]) or ("take_rate_slot" in ev.effects and row[-1])):
+        if not coupled and ((ev.couples and row[-2]) or (self._moves_window(ev) and row[-1])):
             return None  # the move needs its transaction: the claim, or the account's rate window
         return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
 
@@ -1351,7 +896,7 @@ class SqlStore(SqlClaims, Operations):
         # the guard's own fragment, over the account given instead of an intent's column
         x = GuardRefs(None, None, self.table, self.approval_table)
         q = sa.select(
-            ~SQL_GUARDS["kill_switch_off"](SimpleNamespace(account=sa.literal(account, sa.Text)), self._now, x)
+            ~SQL_GUARDS[GUARD.kill_switch_off](SimpleNamespace(account=sa.literal(account, sa.Text)), self._now, x)
         )
         with self._tx() as conn:
             return bool(conn.execute(q).scalar_one())
@@ -1361,14 +906,14 @@ class SqlStore(SqlClaims, Operations):
         check_text("key", key, max_chars=256)
         stmts = self._cache.get(("<find>", frozenset()))
         if stmts is None:
-            by_key = sa.select(intents, _store_epoch()).where(intents.c.key == sa.bindparam("p_key"))
-            stmts = self._cache[("<find>", frozenset())] = {"find": by_key}
+            stmts = self._cache[("<find>", frozenset())] = {"find": self._sql.find()}
+        row: Mapping[str, Any] | None
         if self.dialect == "postgresql":  # one statement, one round trip: no BEGIN/COMMIT around a read
             with self._tx(autocommit=True) as conn:
-                row = self._execute_compiled(conn, stmts, "find", {"p_key": key})
+                row = self._exec.run(conn, stmts, "find", {"p_key": key})
         else:
             with self._tx() as conn:
-                row = conn.execute(stmts["find"], {"p_key": key}).mappings().first()
+                row = conn.execute(stmts["find"], {"p_key": key}).mappings().first()  # type: ignore[assignment]
         return None if row is None else self._intent(row)
 
     def get(self, key: str) -> Intent:
@@ -1379,7 +924,7 @@ class SqlStore(SqlClaims, Operations):
 
     def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
         check_limit(limit)
-        q = sa.select(intents, _store_epoch()).order_by(intents.c.created_at, intents.c.key).limit(limit)
+        q = sa.select(intents, store_epoch()).order_by(intents.c.created_at, intents.c.key).limit(limit)
         if state is not None:
             q = q.where(intents.c.state == state)
         with self._tx() as conn:
@@ -1528,7 +1073,7 @@ class SqlStore(SqlClaims, Operations):
     def due_leases(self, limit: int = 100) -> list[Intent]:
         """Intents whose lease expired by the database clock (uses the partial index ``aom_intents_lease_due``)."""
         q = (
-            sa.select(intents, _store_epoch())
+            sa.select(intents, store_epoch())
             .where(intents.c.lease_expires_at.is_not(None), intents.c.lease_expires_at <= self._now)
             .order_by(intents.c.lease_expires_at)
             .limit(limit)

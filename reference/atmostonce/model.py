@@ -16,7 +16,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from .audit import (
     INTENT_BOUND_FIELDS,
@@ -28,9 +28,10 @@ from .audit import (
     reconciliation_step,
 )
 from .claims import MemoryClaims
-from .errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, StoreError, UnknownIntent
+from .effects import EFFECTS, Append
+from .errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
 from .guards import GUARDS
-from .identity import DeliveryKey, attempt_token
+from .identity import DeliveryKey
 from .names import EVENT
 from .records import (
     HISTORY_DETAIL,
@@ -51,44 +52,6 @@ from .table import Table
 from .table import table as default_table
 
 __all__ = ["MemoryStore", "open_memory_store"]
-
-
-class _Releaser:
-    """An append target that frees the text slots of one key (``append`` keeps the commit loop uniform)."""
-
-    def __init__(self, claims: list[dict[str, Any]], key: str):
-        self.claims, self.key = claims, key
-
-    def append(self, _item: Any) -> None:
-        for c in self.claims:
-            if c["key"] == self.key:
-                c["released"] = True
-
-
-class _RateSlot:
-    """An append target that counts one send in an account's rate window (at commit time)."""
-
-    def __init__(self, limits: dict[str, dict[str, Any]], account: str, now: float):
-        self.limits, self.account, self.now = limits, account, now
-
-    def append(self, _item: Any) -> None:
-        r = self.limits.get(self.account)
-        if r is None:
-            return
-        if r["window_start"] is None or r["window_start"] + r["window_seconds"] <= self.now:
-            r["window_start"], r["used"] = self.now, 1
-        else:
-            r["used"] += 1
-
-
-class _AppendTarget(Protocol):
-    """Where an effect's commit-time write goes: a store list, or a :class:`_Releaser` / :class:`_RateSlot`."""
-
-    def append(self, item: Any, /) -> None: ...
-
-
-_Append = tuple[_AppendTarget, Any]
-"""One deferred write of an effect: ``target.append(item)`` once every check passed."""
 
 
 def _chain_fields(h: HistoryEntry) -> tuple[Any, ...]:
@@ -224,9 +187,9 @@ class MemoryStore(MemoryClaims, Operations):
                 raise GuardRefused(event, key, refused, row["state"])
             # compute everything first; commit only when nothing else can fail
             new = copy.deepcopy(row)
-            appends: list[_Append] = []
+            appends: list[Append] = []
             for eff in ev.effects:
-                getattr(self, f"_eff_{eff}")(new, args, now, event, appends)
+                self._run_effect(eff, new, args, now, event, appends)
             new["state"] = ev.target
             new["updated_at"] = now
             coupled = self._coupled(ev, row, new, args, now)  # the claim's (and approval's) moves, checked
@@ -261,10 +224,16 @@ class MemoryStore(MemoryClaims, Operations):
         with self._lock:
             row = self._rows.get(key)
             if row is None:
-                raise UnknownIntent(event, key, "intent_exists", None)
+                raise UnknownIntent(event, key, INTENT_EXISTS, None)
             if row["state"] not in ev.sources:
-                return "source_state"
+                return SOURCE_STATE
             return self._refusing_guard(row, args, self.now(), guards)
+
+    def _run_effect(
+        self, eff: str, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[Append]
+    ) -> None:
+        """One effect of the move on the copied ``row``, from the effect registry (``atmostonce.effects``)."""
+        EFFECTS[eff](self, row, args, now, event, appends)
 
     _NOT_DATA = frozenset({"_lock", "table", "_clock", "_generation", "_seq", "core"})
 
@@ -282,62 +251,6 @@ class MemoryStore(MemoryClaims, Operations):
                 vars(self).update(saved)
                 raise
             return out
-
-    # -- effects (names from the table's effect catalogue) --------------------------------
-    def _eff_create(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:  # pragma: no cover - creation goes through _create
-        raise StoreError("create is not applied to an existing row")
-
-    def _eff_open_attempt(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        tok = attempt_token()
-        gen = next(self._generation)
-        row["attempt_count"] += 1
-        row["attempt_token"] = tok
-        row["generation"] = gen
-        row["lease_expires_at"] = now + args["lease_seconds"]
-        row["remote_id"] = None
-        row["epoch"] = self.epoch
-        attempt = {
-            "attempt_token": tok,
-            "key": row["key"],
-            "number": row["attempt_count"],
-            "generation": gen,
-            "opened_at": now,
-            "resend_epoch": row["resend_epoch"],
-            "fence_epoch": row["fence_epoch"],
-        }
-        appends.append((self._attempts, attempt))
-
-    def _eff_extend_lease(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["lease_expires_at"] = now + args["lease_seconds"]
-
-    def _eff_write_descriptor(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["descriptor"] = copy.deepcopy(dict(args.get("descriptor") or {}))
-
-    def _eff_set_remote_id(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["remote_id"] = args["remote_id"]
-
-    def _eff_close_attempt(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        if row["attempt_token"] is not None:
-            appends.append((self._attempt_outcomes, (next(self._seq), row["attempt_token"], event)))
-        row["attempt_token"] = None
-        row["lease_expires_at"] = None
-
-    def _eff_count_reconcile(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["reconcile_count"] += 1  # the lookup's record is written beside the move (_reconciliation)
 
     def _reconciliation(
         self,
@@ -361,52 +274,6 @@ class MemoryStore(MemoryClaims, Operations):
             return None  # nothing open: a resolution of work that was never unknown records no reconciliation
         send_seq = None if latest is None else latest.send_seq
         return Reconciliation(next(self._seq), key, result, args.get("remote_id"), now, send_seq, event)
-
-    def _eff_claim_text_slot(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        if row["text_hash"] is not None:
-            claim = {
-                "key": row["key"],
-                "account": row["account"],
-                "text_hash": row["text_hash"],
-                "start_at": now,
-                "end_at": now + self.text_window_seconds,
-                "released": False,
-            }
-            appends.append((self.text_claims, claim))
-
-    def _eff_take_rate_slot(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        appends.append((_RateSlot(self.rate_limits, row["account"], now), None))
-
-    def _eff_release_text_slot(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        # released at commit time (appends run after every check passed)
-        appends.append((_Releaser(self.text_claims, row["key"]), None))
-
-    def _eff_fence_restore(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        self._eff_close_attempt(row, args, now, event, appends)
-
-    def _eff_bump_resend_epoch(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["resend_epoch"] += 1
-        row["remote_id"] = None
-
-    def _eff_bump_fence_epoch(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["fence_epoch"] += 1
-
-    def _eff_grant_attempt(
-        self, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[_Append]
-    ) -> None:
-        row["max_attempts"] = max(row["max_attempts"], row["attempt_count"] + 1)
 
     # -- history --------------------------------------------------------------------------
     def _history_entry(

@@ -231,11 +231,6 @@ class PlantedStore(MemoryStore):
             finally:
                 self._disabled_guards = saved
 
-    def _eff_open_attempt(self, row, args, now, event, appends):
-        if self.bug == "generation-per-intent":
-            self._generation = itertools.count(row["attempt_count"] + 1)
-        super()._eff_open_attempt(row, args, now, event, appends)
-
     def _reconciliation(self, key, event, row, args, history_seq, now):
         rec = super()._reconciliation(key, event, row, args, history_seq, now)
         if rec is None:
@@ -275,36 +270,34 @@ class PlantedStore(MemoryStore):
                 return moves
         return super()._coupled(ev, intent_before, intent_after, args, now)
 
-    def _eff_take_rate_slot(self, row, args, now, event, appends):
-        if self.bug != "rate-window-restarts-at-each-send":
-            return super()._eff_take_rate_slot(row, args, now, event, appends)
-        limits, account = self.rate_limits, row["account"]
+    def _run_effect(self, eff, row, args, now, event, appends):
+        if eff == "open_attempt" and self.bug == "generation-per-intent":
+            self._generation = itertools.count(row["attempt_count"] + 1)
+        if eff == "take_rate_slot" and self.bug == "rate-window-restarts-at-each-send":
+            limits, account = self.rate_limits, row["account"]
 
-        class _Restart:  # the window starts again at every send
-            def append(self, _item: Any) -> None:
-                r = limits.get(account)
-                if r is None:
-                    return
-                fresh = r["window_start"] is None or r["window_start"] + r["window_seconds"] <= now
-                r["window_start"], r["used"] = now, 1 if fresh else r["used"] + 1
+            class _Restart:  # the window starts again at every send
+                def append(self, _item: Any) -> None:
+                    r = limits.get(account)
+                    if r is None:
+                        return
+                    fresh = r["window_start"] is None or r["window_start"] + r["window_seconds"] <= now
+                    r["window_start"], r["used"] = now, 1 if fresh else r["used"] + 1
 
-        appends.append((_Restart(), None))
-
-    def _eff_close_attempt(self, row, args, now, event, appends):
-        super()._eff_close_attempt(row, args, now, event, appends)
-        if self.bug == "unknown-outcome-releases-text-slot" and event in ("record_unknown", "expire_lease"):
-            self._eff_release_text_slot(row, args, now, event, appends)
-
-    def _eff_bump_resend_epoch(self, row, args, now, event, appends):
-        kept = row["remote_id"]
-        super()._eff_bump_resend_epoch(row, args, now, event, appends)
-        if self.bug == "resend-keeps-remote-id":
-            row["remote_id"] = kept
-
-    def _eff_bump_fence_epoch(self, row, args, now, event, appends):
-        if self.bug == "unproven-keeps-fence-epoch" and event == "reconcile_unproven":
+            appends.append((_Restart(), None))
             return
-        super()._eff_bump_fence_epoch(row, args, now, event, appends)
+        if eff == "bump_fence_epoch" and self.bug == "unproven-keeps-fence-epoch" and event == "reconcile_unproven":
+            return
+        kept = row["remote_id"]
+        super()._run_effect(eff, row, args, now, event, appends)
+        if (
+            eff == "close_attempt"
+            and self.bug == "unknown-outcome-releases-text-slot"
+            and event in ("record_unknown", "expire_lease")
+        ):
+            super()._run_effect("release_text_slot", row, args, now, event, appends)
+        if eff == "bump_resend_epoch" and self.bug == "resend-keeps-remote-id":
+            row["remote_id"] = kept
 
     def _history_entry(self, key, event, actor, *rest, **kw):
         if self.bug == "operator-actor-unprefixed" and actor.startswith("operator:"):

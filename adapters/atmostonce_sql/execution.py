@@ -1,0 +1,316 @@
+"""Execution: the only code that talks to the database driver (psycopg 3, the stdlib's sqlite3), and the
+map from driver errors to the library's own exceptions.
+
+Statements come from ``atmostonce_sql.statements``, compiled once by SQLAlchemy (same SQL, same bind
+processing, through its public compiler API) and cached beside them; the hot path sends them through
+the driver directly, without SQLAlchemy's per-call execution machinery. On PostgreSQL the compiled text
+is rewritten to the server's own ``$n`` placeholders and sent by psycopg's ``RawCursor`` as a prepared
+statement; pipelined moves (:meth:`Executor.pipeline`) send ``BEGIN``, every move and ``COMMIT`` in one
+round trip.
+
+Errors are mapped by what the driver reports as data, never by message text: PostgreSQL's SQLSTATE,
+constraint name and source routine (:func:`driver_error`). SQLite reports a trigger's ``RAISE(ABORT,
+...)`` only as ``SQLITE_CONSTRAINT_TRIGGER`` with the trigger's message, so the message is looked up
+exactly among the constant messages this package's migrations give their triggers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from atmostonce.errors import AppendOnlyViolation, StoreError
+
+from .append_only import append_only_messages
+from .moves import DELETE_GUARD_MESSAGE, MOVE_GUARD_MESSAGE
+from .schema import metadata
+
+__all__ = [
+    "APPEND_ONLY_SQLSTATE",
+    "REFUSED_SQLSTATE",
+    "TEXT_WINDOW_CONSTRAINT",
+    "ConstraintRefused",
+    "Deadlock",
+    "Executor",
+    "MoveRefused",
+    "Pipeline",
+    "driver_error",
+]
+
+REFUSED_SQLSTATE = "AOM01"
+"""What ``aom_moved`` raises when a pipelined move moved no row (migration 0010)."""
+APPEND_ONLY_SQLSTATE = "42501"
+"""``insufficient_privilege``: what ``aom_refuse_change()``, the append-only trigger, raises (migration 0001).
+A grant's refusal has the same SQLSTATE; the trigger's comes from a PL/pgSQL ``RAISE`` (the error's source
+routine), a grant's from the privilege check."""
+_PLPGSQL_RAISE = "exec_stmt_raise"
+TEXT_WINDOW_CONSTRAINT = "aom_text_claims_window"
+"""The database's duplicate-text exclusion (PostgreSQL: an ``EXCLUDE`` constraint; SQLite: a trigger)."""
+_EXCLUSION_VIOLATION = "23P01"
+_DEADLOCK_DETECTED = "40P01"
+
+
+class ConstraintRefused(StoreError):
+    """A named constraint of the schema refused the write (``constraint``); nothing was written."""
+
+    def __init__(self, message: str, constraint: str, sqlstate: str | None = None):
+        super().__init__(message)
+        self.constraint = constraint
+        self.sqlstate = sqlstate
+
+
+class Deadlock(StoreError):
+    """PostgreSQL broke a wait cycle and rolled this transaction back (SQLSTATE 40P01); nothing was written."""
+
+
+class MoveRefused(Exception):  # noqa: N818 - a signal between execution and the operations, never raised to callers
+    """A pipelined move moved no row (SQLSTATE ``AOM01``); ``move`` is the event named in the error's detail.
+    The transaction was rolled back."""
+
+    def __init__(self, move: str | None):
+        super().__init__(move)
+        self.move = move
+
+
+def _sqlite_trigger_constraints() -> dict[str, str]:
+    """Every message a trigger of this package's SQLite schema raises, to the trigger's rule."""
+    out = {m: "append_only" for t in metadata.tables for m in append_only_messages(t)}
+    out["atmostonce: aom_text_claims_window: duplicate text inside the window"] = TEXT_WINDOW_CONSTRAINT
+    out[MOVE_GUARD_MESSAGE] = "aom_intents_move_guard"
+    out[DELETE_GUARD_MESSAGE] = "aom_intents_no_delete"
+    return out
+
+
+_SQLITE_TRIGGERS = _sqlite_trigger_constraints()
+
+
+def driver_error(exc: sa.exc.DBAPIError) -> StoreError:
+    """The library's exception for a driver error: :class:`AppendOnlyViolation`, :class:`ConstraintRefused`
+    (with the constraint's name), :class:`Deadlock`, else :class:`StoreError`."""
+    orig = exc.orig
+    text = str(orig) if orig is not None else str(exc)
+    message = f"{type(orig).__name__ if orig is not None else 'database error'}: {text}"
+    sqlstate = getattr(orig, "sqlstate", None)
+    diag = getattr(orig, "diag", None)
+    if sqlstate is not None:  # psycopg
+        if sqlstate == APPEND_ONLY_SQLSTATE and getattr(diag, "source_function", None) == _PLPGSQL_RAISE:
+            return AppendOnlyViolation(text)
+        if sqlstate == _EXCLUSION_VIOLATION and getattr(diag, "constraint_name", None):
+            return ConstraintRefused(message, diag.constraint_name, sqlstate)  # type: ignore[union-attr]
+        if sqlstate == _DEADLOCK_DETECTED:
+            return Deadlock(message)
+        return StoreError(message)
+    if getattr(orig, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_TRIGGER":
+        rule = _SQLITE_TRIGGERS.get(orig.args[0] if orig is not None and orig.args else "")
+        if rule == "append_only":
+            return AppendOnlyViolation(text)
+        if rule == TEXT_WINDOW_CONSTRAINT:
+            return ConstraintRefused(message, rule)
+    return StoreError(message)
+
+
+class Executor:
+    """Connections, transactions and the driver-level sends of one store."""
+
+    def __init__(self, engine: Engine, on_connect: Callable[[Connection], None] | None = None):
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.on_connect = on_connect
+        """Run on every checked-out connection before its first statement (the HA timeline check)."""
+        if self.dialect == "postgresql":  # a pool of connections that stay in autocommit: no toggling per checkout
+            size = engine.pool.size() if hasattr(engine.pool, "size") else 5
+            self.autocommit: Engine = sa.create_engine(
+                engine.url, isolation_level="AUTOCOMMIT", pool_size=size, max_overflow=size
+            )
+        else:
+            self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        if self.autocommit is not self.engine and isinstance(self.autocommit, Engine):
+            self.autocommit.dispose()
+
+    @contextlib.contextmanager
+    def tx(self, autocommit: bool = False) -> Iterator[Connection]:
+        """A transaction (or, with ``autocommit``, a connection for one self-contained statement);
+        driver errors are mapped by :func:`driver_error`."""
+        try:
+            if autocommit:
+                with self.autocommit.connect() as conn:
+                    if self.on_connect is not None:
+                        self.on_connect(conn)
+                    yield conn
+                return
+            with self.engine.connect() as conn:
+                if self.on_connect is not None:
+                    self.on_connect(conn)
+                with conn.begin():
+                    yield conn
+        except sa.exc.DBAPIError as exc:
+            if self.dialect == "postgresql" and self._lost_connection(exc):
+                # the server went away (a failover, a restart): every pooled connection is to the old server, so
+                # all are dropped and the next operation connects afresh (libpq finds the primary again). The
+                # move this was is an unknown outcome to the caller: it re-reads, and never repeats a send.
+                self.dispose()
+            raise driver_error(exc) from exc
+
+    def _lost_connection(self, exc: sa.exc.DBAPIError) -> bool:
+        if exc.connection_invalidated:
+            return True
+        try:
+            return bool(exc.orig is not None and self.engine.dialect.is_disconnect(exc.orig, None, None))  # type: ignore[arg-type]  # a DBAPI error
+        except Exception:  # noqa: BLE001 - a dialect that cannot tell: keep the pool
+            return False
+
+    # -- compiled statements ---------------------------------------------------------------
+    def compiled(self, stmts: dict[str, Any], name: Any) -> tuple[Any, str, dict[str, Any]]:
+        """A cached statement (``name``, or ``(list name, index)``) compiled once: the compiled object, its SQL
+        and its bind processors."""
+        key = f"{name!r}.compiled"
+        compiled = stmts.get(key)
+        if compiled is None:
+            stmt = stmts[name] if isinstance(name, str) else stmts[name[0]][name[1]]
+            dialect = self.engine.dialect
+            c = stmt.compile(dialect=dialect)
+            processors = {}
+            for bind_name, bind in c.binds.items():
+                proc = bind.type.dialect_impl(dialect).bind_processor(dialect)
+                if proc is not None:
+                    processors[bind_name] = proc
+            compiled = stmts[key] = (c, c.string, processors)
+        return compiled
+
+    def _values(self, stmts: dict[str, Any], name: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+        c, _, processors = self.compiled(stmts, name)
+        values = c.construct_params(params)
+        for k, proc in processors.items():
+            if k in values and values[k] is not None:
+                values[k] = proc(values[k])
+        return values
+
+    def native(self, stmts: dict[str, Any], name: str) -> tuple[str, tuple[str, ...]]:
+        """The compiled statement in PostgreSQL's own ``$n`` placeholders, with the parameter names in
+        order: psycopg's ``RawCursor`` sends it as it is, without parsing the query on every call (its
+        parse cache skips statements over 4 kB, and the authorizing statement is longer)."""
+        native = stmts.get(f"{name}.native")
+        if native is None:
+            _, sql, _ = self.compiled(stmts, name)
+            order: dict[str, int] = {}
+
+            def number(m: re.Match[str]) -> str:
+                return f"${order.setdefault(m.group(1), len(order) + 1)}"
+
+            text = re.sub(r"%\(([^)]+)\)s", number, sql).replace("%%", "%")
+            native = stmts[f"{name}.native"] = (text, tuple(order))
+        return native
+
+    def send(self, raw: Any, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> Any:
+        """Send a cached statement on the psycopg connection ``raw``; returns the open cursor."""
+        import psycopg
+
+        sql, order = self.native(stmts, name)
+        values = self._values(stmts, name, params)
+        cur = psycopg.RawCursor(raw)
+        cur.execute(sql, [values[k] for k in order], prepare=True)
+        return cur
+
+    def run(
+        self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """PostgreSQL: run a cached statement through psycopg directly on ``conn``. Returns the first row as a
+        mapping, or ``None``. Driver errors surface as ``DBAPIError`` (:meth:`tx` maps them)."""
+        raw: Any = conn.connection.dbapi_connection
+        try:
+            cur = self.send(raw, stmts, name, params)
+        except Exception as exc:
+            if raw.broken or raw.closed:  # sent past SQLAlchemy: tell its pool the connection is gone
+                conn.invalidate()
+            raise sa.exc.DBAPIError.instance(self.compiled(stmts, name)[1], dict(params), exc, type(exc)) from exc
+        try:
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return self._named(stmts, name, cur, row)
+        finally:
+            cur.close()
+
+    @staticmethod
+    def _named(stmts: dict[str, Any], name: str, cur: Any, row: Any) -> dict[str, Any]:
+        names = stmts.get(f"{name}.columns")
+        if names is None:  # the RETURNING list is fixed per statement
+            names = stmts[f"{name}.columns"] = [d.name for d in cur.description]
+        return dict(zip(names, row, strict=True))
+
+    def run_sqlite(
+        self, conn: Connection, stmts: dict[str, Any], name: Any, params: Mapping[str, Any], fetch: bool = True
+    ) -> dict[str, Any] | None:
+        """SQLite: run a cached statement (``name``, or ``("appends", i)``) on the sqlite3 connection under
+        ``conn``'s transaction. Returns the first row as a mapping (values as SQLite holds them), or ``None``.
+        Driver errors surface as ``DBAPIError``."""
+        c, sql, _ = self.compiled(stmts, name)
+        values = self._values(stmts, name, params)
+        try:
+            raw: Any = conn.connection.dbapi_connection
+            cur = raw.execute(sql, [values[k] for k in c.positiontup or ()])
+        except Exception as exc:
+            raise sa.exc.DBAPIError.instance(sql, values, exc, type(exc)) from exc
+        try:
+            if not fetch:
+                return None
+            row = cur.fetchone()
+            return None if row is None else dict(zip([d[0] for d in cur.description], row, strict=True))
+        finally:
+            cur.close()
+
+    def pipeline(self, conn: Connection, lossable: bool, body: Callable[[Pipeline], None]) -> list[dict[str, Any]]:
+        """PostgreSQL: ``BEGIN``, what ``body`` queues on the :class:`Pipeline`, and ``COMMIT``, sent through
+        psycopg's pipeline on the autocommit connection ``conn`` (with ``lossable``, the transaction commits
+        with ``synchronous_commit = off``). Every queued move fails when it moved no row, which aborts the
+        transaction, so the COMMIT applies every move or none. Returns the moved rows in order; raises
+        :class:`MoveRefused` when a move moved no row (the transaction rolled back)."""
+        import psycopg
+
+        raw: Any = conn.connection.dbapi_connection
+        pipe = Pipeline(self, raw)
+        try:
+            with raw.pipeline():
+                raw.execute("BEGIN")
+                if lossable:
+                    raw.execute("SET LOCAL synchronous_commit = off")
+                body(pipe)
+                raw.execute("COMMIT")
+            return pipe.rows()
+        except psycopg.Error as exc:
+            with contextlib.suppress(psycopg.Error):
+                raw.execute("ROLLBACK")
+            if getattr(exc, "sqlstate", None) == REFUSED_SQLSTATE:
+                raise MoveRefused(exc.diag.message_detail) from exc
+            if raw.broken or raw.closed:  # the connection is gone: the pool must not hand it out again
+                conn.invalidate()
+            raise sa.exc.DBAPIError.instance("pipelined moves", None, exc, type(exc)) from exc
+
+
+class Pipeline:
+    """The moves queued in one pipelined transaction (:meth:`Executor.pipeline`)."""
+
+    def __init__(self, executor: Executor, raw: Any):
+        self._executor, self._raw = executor, raw
+        self._queued: list[tuple[Any, dict[str, Any]]] = []
+        self._rows: list[dict[str, Any]] = []
+
+    def send(self, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> None:
+        """Queue a cached statement; its row is read by :meth:`rows`."""
+        self._queued.append((self._executor.send(self._raw, stmts, name, params), stmts))
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows of every move queued so far (waiting for the ones not read yet: one round trip)."""
+        for cur, stmts in self._queued[len(self._rows) :]:
+            row = cur.fetchone()
+            self._rows.append(self._executor._named(stmts, "strict", cur, row))
+            cur.close()
+        return list(self._rows)

@@ -1,0 +1,369 @@
+"""Statement building: the transition table to SQLAlchemy Core statements, per dialect. Pure: no engine,
+no connection, no driver (``atmostonce_sql.execution`` runs what this builds; docs/sql.md shows it).
+
+A move of event ``ev`` is one conditional write: ``UPDATE aom_intents SET <the effects' columns> WHERE
+key = :p_key AND state IN (<the event's sources>) AND <the guards' fragments> RETURNING *``, and the rows
+it appends (the effects' rows, its history row, its reconciliation record) as ``INSERT ... SELECT`` from the
+moved row. On PostgreSQL all of it is one statement (data-modifying CTEs); on SQLite the appends follow the
+``UPDATE`` in its transaction. ``diagnose`` evaluates each guard after a zero-row write to name the one
+that refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from atmostonce.audit import HISTORY_FIELDS, reconciliation_step
+from atmostonce.table import Table
+
+from .effects import SQL_EFFECTS
+from .guards import SQL_GUARDS, GuardRefs
+from .schema import history, intents, meta, rate_limits, reconciliations, sequences
+
+__all__ = ["SUBMITTED", "Statements", "db_now", "render", "store_epoch"]
+
+SUBMITTED = (
+    "key",
+    "account",
+    "action_kind",
+    "target",
+    "request",
+    "request_digest",
+    "max_attempts",
+    "max_reconciles",
+    "normalizer_version",
+    "text_hash",
+    "source_id",
+    "source_version",
+    "requires_approval",
+)
+"""The columns a submission fills (``:p_<column>`` in the creating statement)."""
+
+HISTORY_COLUMNS = (
+    "key",
+    "event",
+    "actor",
+    "from_state",
+    "to_state",
+    "attempt_token",
+    "generation",
+    "detail",
+    "recorded_at",
+)
+
+
+def db_now(dialect: str) -> sa.ColumnElement[Any]:
+    """The database clock in float seconds since the epoch."""
+    if dialect == "postgresql":
+        return sa.literal_column("extract(epoch from clock_timestamp())::double precision", sa.Float(53))
+    return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float(53))
+
+
+def store_epoch() -> sa.Label[Any]:
+    """The database's restore epoch, read in the same statement as the intent row (``Intent.store_epoch``:
+    a plan made from the snapshot carries it, so a restore voids every plan made before it)."""
+    return sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery().label("store_epoch")
+
+
+class Statements:
+    """The statements of ``table``'s events on ``dialect`` (``postgresql`` or ``sqlite``); ``now`` is the
+    clock expression the statements judge leases and stamp rows by (default: the database clock)."""
+
+    def __init__(
+        self, table: Table, dialect: str, now: sa.ColumnElement[Any] | None = None, approval_table: Any = None
+    ):
+        if approval_table is None:
+            from atmostonce.table import machine
+
+            approval_table = machine("approval")
+        self.approval_table = approval_table
+        self.table = table
+        self.dialect = dialect
+        self.now = db_now(dialect) if now is None else now
+
+    # -- creation -------------------------------------------------------------------------
+    def creation(self) -> dict[str, Any]:
+        """The creating event: ``one`` (PostgreSQL: insert and history row in one statement) or ``insert``
+        and ``history`` (SQLite); ``existing``, the stored intent when the key was taken; ``creator``."""
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:  # the same on_conflict_do_nothing API as PostgreSQL's
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        c = intents.c
+        values: dict[str, Any] = {name: sa.bindparam(f"p_{name}", type_=c[name].type) for name in SUBMITTED}
+        values |= {
+            "state": self.table.initial,
+            "attempt_count": 0,
+            "reconcile_count": 0,
+            "resend_epoch": 0,
+            "fence_epoch": 0,
+            "history_count": 1,
+            "created_at": self.now,
+            "updated_at": self.now,
+        }
+        ins = (
+            insert(intents)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["key"])
+            .returning(*intents.c, store_epoch())
+        )
+        creator = next(e for e in self.table.events.values() if e.creates)
+        existing = sa.select(intents, store_epoch()).where(c.key == sa.bindparam("p_key"))
+        if self.dialect == "postgresql":  # insert and history in one statement, one round trip
+            new = ins.cte("u")
+            out: dict[str, Any] = {
+                "one": sa.select(*new.c).add_cte(self.history_insert(creator, new, opens=False).cte("h"))
+            }
+        else:
+            src = sa.select(intents).where(c.key == sa.bindparam("p_key")).subquery("u")
+            out = {"insert": ins, "history": self.history_insert(creator, src, opens=False)}
+        return out | {"existing": existing, "creator": creator}
+
+    def find(self) -> sa.Select[Any]:
+        """The intent by ``:p_key``, with the store's restore epoch."""
+        return sa.select(intents, store_epoch()).where(intents.c.key == sa.bindparam("p_key"))
+
+    def next_generation(self) -> sa.Update:
+        """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction."""
+        return (
+            sa.update(sequences)
+            .where(sequences.c.name == "generation")
+            .values(value=sequences.c.value + 1)
+            .returning(sequences.c.value)
+        )
+
+    # -- moves ----------------------------------------------------------------------------
+    def move(self, ev: Any, disabled: Iterable[str] = (), coupled: bool = False) -> dict[str, Any]:
+        """The statements of ``ev`` with the guards in ``disabled`` left out: the gate (``update``), the
+        appends, the diagnosis (``diagnose``, and ``checked``, the guards it evaluates in order), and on
+        PostgreSQL all of it as one statement (``one``) and the same failing when no row moved
+        (``strict``, for pipelined moves). An event that couples a claim move has two forms: the fast
+        one moves only intents without an approval requirement (and, for an effect with a window row,
+        only accounts without one); ``coupled`` is the one run inside the transaction that also moves
+        the claim and the window."""
+        off = frozenset(disabled)
+        c = intents.c
+        where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
+        x = GuardRefs(c.key, None, self.table, self.approval_table)  # an intent move: the row's own key
+        where += [SQL_GUARDS[g](c, self.now, x) for g in ev.guards if g not in off]
+        if ev.couples and not coupled:
+            where.append(c.requires_approval.is_(sa.false()))
+        if not coupled:
+            where += [w for w in (SQL_EFFECTS[e].fast_path(c) for e in ev.effects) if w is not None]
+        values: dict[str, Any] = {
+            "state": ev.target,
+            "prev_state": c.state,
+            "prev_attempt_token": c.attempt_token,
+            "updated_at": self.now,
+            "history_count": c.history_count + 1,
+        }
+        for eff in ev.effects:
+            values.update(SQL_EFFECTS[eff].values(c, self.now, self.dialect))
+        update = sa.update(intents).where(*where).values(**values).returning(*intents.c, store_epoch())
+        checked = [g for g in ev.guards if g not in off]  # what this statement evaluates
+        diagnose = sa.select(
+            c.state,
+            *[sa.case((SQL_GUARDS[g](c, self.now, x), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
+            c.requires_approval,
+            sa.exists().where(rate_limits.c.account == c.account).label("rate_limited_account"),
+        ).where(c.key == sa.bindparam("p_key"))
+        out: dict[str, Any] = {"update": update, "diagnose": diagnose, "checked": checked}
+        if self.dialect == "postgresql" and not coupled:
+            upd = update.cte("u")
+            appends = [stmt.cte(f"w{i}") for i, stmt in enumerate(self.appends(ev, upd))]
+            out["one"] = sa.select(*upd.c).add_cte(*appends)
+            # the same, failing (SQLSTATE AOM01, migration 0010) when no row moved: for moves pipelined in one
+            # transaction, where the statements queued after a refused move and the COMMIT must not apply
+            moved = sa.func.aom_moved(sa.select(sa.func.count()).select_from(upd).scalar_subquery(), ev.name)
+            check = sa.select(moved.label("aom_moved")).subquery("chk")
+            out["strict"] = sa.select(*upd.c).select_from(check.outerjoin(upd, sa.true())).add_cte(*appends)
+        else:
+            src = sa.select(intents).where(intents.c.key == sa.bindparam("p_key")).subquery("u")
+            out["appends"] = self.appends(ev, src)
+        return out
+
+    def appends(self, ev: Any, src: Any) -> list[sa.Insert | sa.Update]:
+        """The rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``: each
+        effect's (``atmostonce_sql.effects``), in the table's order, then the history row and the
+        reconciliation record."""
+        out: list[sa.Insert | sa.Update] = []
+        for eff in ev.effects:
+            write = SQL_EFFECTS[eff].appends
+            if write is not None:
+                out += write(ev.name, src.c, self.now)
+        hist = self.history_insert(ev, src, "open_attempt" in ev.effects)
+        if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
+            h = hist.cte("h")
+            rec = self.reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
+            if rec is None:
+                out.append(hist)
+            elif reconciliation_step(self.table, ev.name)[0] == "open":  # type: ignore[index]  # rec: a step
+                out.append(rec)  # it reads the history CTE's seq, which brings that insert in (once)
+            else:
+                out += [hist, rec]
+        else:
+            h_ = history.c
+            rec = self.reconciliation_insert(
+                ev, src, sa.select(sa.func.max(h_.seq)).where(h_.key == src.c.key).scalar_subquery()
+            )
+            out += [hist] if rec is None else [hist, rec]  # in this order, in one write transaction
+        return out
+
+    def reconciliation_insert(self, ev: Any, src: Any, send_seq: Any) -> sa.Insert | None:
+        """The reconciliation record of a move (``atmostonce.audit.reconciliation_step``), or ``None``.
+
+        A lookup or resolution joins the intent's newest record. That record was committed before
+        this statement's snapshot: the state the move requires (``indeterminate``, ``parked``) was
+        set by the move that wrote it or a later one, and any move that changed the state since would
+        make this one's conditional write refuse after its lock wait."""
+        step = reconciliation_step(self.table, ev.name)
+        if step is None:
+            return None
+        kind, result = step
+        u, rc = src.c, reconciliations.c
+        cols = ["key", "send_seq", "event", "result", "remote_id", "recorded_at"]
+        what = (sa.literal(ev.name, sa.Text), sa.literal(result, sa.Text))
+        if kind == "open":
+            return sa.insert(reconciliations).from_select(
+                cols, sa.select(u.key, send_seq, *what, u.remote_id, self.now)
+            )
+        newest = (
+            sa.select(rc.send_seq).where(rc.key == u.key, rc.send_seq.is_not(None)).order_by(rc.seq.desc()).limit(1)
+        )
+        q = sa.select(u.key, newest.scalar_subquery(), *what, sa.bindparam("p_remote_id", type_=sa.Text), self.now)
+        if kind == "settle":  # only a send still unknown is settled by a person's resolution
+            q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
+        return sa.insert(reconciliations).from_select(cols, q)
+
+    def history_insert(self, ev: Any, src: Any, opens: bool) -> sa.Insert:
+        """The history row of a move. PostgreSQL's trigger (migration 0002) chains it; on SQLite the
+        statement assigns the sequence itself and chains the row through ``aom_chain_hash`` (the
+        writer lock is held, so the newest row read here is the chain's head)."""
+        u = src.c
+        if opens or ev.creates:
+            token, gen = u.attempt_token, u.generation
+        else:
+            token = u.prev_attempt_token
+            gen = sa.func.coalesce(sa.bindparam("p_generation", type_=sa.BigInteger), u.generation)
+        values = (
+            u.key,
+            sa.literal(ev.name, sa.Text),
+            sa.bindparam("p_actor", type_=sa.Text),
+            sa.null() if ev.creates else u.prev_state,
+            u.state,
+            token,
+            gen,
+            sa.bindparam("p_detail", type_=history.c.detail.type),
+            self.now,
+        )
+        names = list(HISTORY_COLUMNS)
+        if self.dialect == "postgresql":
+            return sa.insert(history).from_select(names, sa.select(*values)).returning(history.c.seq)
+        h = history.c
+        next_seq = sa.literal_column(
+            "max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'aom_history'), 0), "
+            "coalesce((SELECT max(seq) FROM aom_history), 0)) + 1",
+            sa.Integer,
+        )
+        prev = sa.select(h.row_hash).where(h.key == u.key).order_by(h.seq.desc()).limit(1).scalar_subquery()
+        v = sa.select(
+            next_seq.label("seq"), *[x.label(n) for n, x in zip(names, values, strict=True)], prev.label("prev_hash")
+        ).subquery("v")
+        row_hash = sa.func.aom_chain_hash(v.c.prev_hash, *[v.c[f] for f in HISTORY_FIELDS], type_=sa.Text)
+        return sa.insert(history).from_select(
+            ["seq", *names, "prev_hash", "row_hash"],
+            sa.select(v.c.seq, *[v.c[n] for n in names], v.c.prev_hash, row_hash),
+        )
+
+
+# -- reading the statements (docs/sql.md, docs/guards.md) --------------------------------------------------
+def _dialect(name: str) -> Any:
+    """The dialect the store compiles with, with named placeholders (``:p_key``) for a reader."""
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+        return PGDialect_psycopg(paramstyle="named")
+    from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+
+    return SQLiteDialect_pysqlite(paramstyle="named")
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+_KEYWORDS = ("WITH", "SET", "WHERE", "RETURNING", "SELECT", "FROM", "VALUES")
+_WIDTH = 100
+
+
+def _layout(sql: str) -> str:
+    """Readable lines: each clause (``SET``, ``WHERE``, ``FROM``, ``RETURNING``, ``SELECT``) on its own line
+    and indented by parenthesis depth, one ``SET`` item, ``WHERE`` condition and ``WITH`` query per line,
+    ``SELECT`` and ``RETURNING`` lists filled to a width. The text is otherwise SQLAlchemy's, unchanged."""
+    out: list[str] = []
+    depth, quoted, i = 0, False, 0
+    clause: dict[int, str] = {}
+    flat = " ".join(line.strip() for line in sql.splitlines())
+
+    def column() -> int:
+        text = "".join(out)
+        return len(text) - (text.rfind("\n") + 1)
+
+    while i < len(flat):
+        ch = flat[i]
+        if ch == "'":
+            quoted = not quoted
+        elif not quoted:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                clause.pop(depth, None)
+                depth -= 1
+            else:
+                word = next(
+                    (k for k in _KEYWORDS if flat.startswith(k + " ", i) and (i == 0 or flat[i - 1] in " (")), None
+                )
+                if word == "FROM" and flat.endswith("DISTINCT ", 0, i):
+                    word = None  # IS DISTINCT FROM
+                if word is not None:
+                    if word != "WITH" and out and out[-1] == " ":
+                        out[-1] = "\n" + "  " * depth
+                    clause[depth] = word
+                elif ch == "," and flat.startswith(", ", i):
+                    kind = clause.get(depth)
+                    if kind in ("SET", "WITH") or (kind in ("SELECT", "RETURNING") and column() > _WIDTH):
+                        out.append(",\n" + "  " * (depth + 1))
+                        i += 2
+                        continue
+                elif clause.get(depth) == "WHERE" and flat.startswith(" AND ", i):
+                    out.append("\n" + "  " * (depth + 1) + "AND ")
+                    i += 5
+                    continue
+        out.append(ch)
+        i += 1
+    return "".join(out).strip()
+
+
+def render(stmt: Any, dialect: str) -> str:
+    """``stmt`` as SQL text of ``dialect`` (``postgresql`` or ``sqlite``), as the store compiles it: the
+    table's constants (states, event names, settings) written as literals, what a caller presents as its
+    named parameter (``:p_<name>``). The store sends the same text with the driver's placeholders
+    (PostgreSQL: ``$1``, ``$2``, ... in order of first appearance)."""
+    c = stmt.compile(dialect=_dialect(dialect), compile_kwargs={"render_postcompile": True})
+    constants = {k: v for k, v in c.params.items() if not k.startswith("p_")}
+
+    def sub(m: Any) -> str:
+        name = m.group(1)
+        if name not in constants:
+            return str(m.group(0))
+        return "NULL" if constants[name] is None else _literal(constants[name])
+
+    return _layout(re.sub(r"(?<![:\w]):(\w+)", sub, c.string))
