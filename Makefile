@@ -12,7 +12,7 @@ MUTMUT_SLICE ?= 'atmostonce.errors.*' 'atmostonce.identity.*'
 MUTMUT  ?=
 
 
-.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench matrix demo-matrix demo-json-server demo-email email model-check mutation ablation mutation-slice mutmut mutmut-slice wheel-check clean
+.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-slice wheel-check clean
 
 # the test stack (every extra): make test, quick and the rest
 $(STAMP): pyproject.toml
@@ -39,12 +39,13 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/atmostonce demo
 
-## the whole test suite: unit, stateful (model, SQLite, PostgreSQL), transports, end to end, formal
+## the whole test suite: unit, stateful (model, SQLite, PostgreSQL), transports, real servers, end to end
 ## (installs PostgreSQL and Spin with apt-get first when they are missing)
-## (the HA cluster tests, tests/ha, run in `make ha` and `make ha-ci`: they start etcd and two Patroni nodes)
+## (the HA cluster tests, tests/ha, run in `make ha` and `make ha-ci`: they start etcd and two Patroni nodes;
+## the tests that run Spin, marker `spin`, run in `make model-check`; the slowest durations are printed)
 test: $(STAMP)
 	bash .ci/install-tools.sh
-	$(PYTEST) -n $(WORKERS) -q -p no:randomly --ignore=tests/ha
+	$(PYTEST) -n $(WORKERS) -q -p no:randomly --ignore=tests/ha -m "not spin" --durations=15
 
 ## spec check + lint + type check + docs lint + fast tests, under a minute: the model, SQLite and the core; the suites
 ## that start real servers or drive the CLI or the runtime end to end (tests/http, tests/test_cli*.py,
@@ -153,9 +154,16 @@ email: $(STAMP)
 	$(PYTEST) -q tests/email
 
 ## formal check: Spin model generated from spec/table.toml, one ablation per guard, the broken config (docs/formal.md)
+## then the Spin tests (vacuity probes, coverage, the broken trail), leaving out those that repeat its jobs
+## (generator: spec/promela_gen/; the exit status is the results': a slow run only prints a warning)
 model-check: $(STAMP)
 	$(BIN)/python spec/promela.py --check
 	$(BIN)/python spec/modelcheck.py
+	$(PYTEST) -n $(WORKERS) -q -p no:randomly -m "spin and not exhaustive" tests/test_formal.py
+
+## every Spin test, the exhaustive ones too (each configuration but restore, two ablations)
+formal-tests: $(STAMP)
+	$(PYTEST) -n $(WORKERS) -q -p no:randomly -m spin tests/test_formal.py
 
 ## the full mutation proof (hours on 2 cores): guard ablation, then mutmut; each writes its report to docs/
 mutation: ablation mutmut

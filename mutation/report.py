@@ -26,10 +26,12 @@ def _where(fn) -> str:
 
 
 def _sql(fn) -> str:
+    from atmostonce.table import machine, table
+    from atmostonce_sql.guards import GuardRefs
     from atmostonce_sql.schema import intents
     from atmostonce_sql.store import db_now
 
-    expr = fn(intents.c, db_now("postgresql"))
+    expr = fn(intents.c, db_now("postgresql"), GuardRefs(intents.c.key, None, table(), machine("approval")))
     text = str(expr.compile(dialect=postgresql.dialect(), compile_kwargs={"render_postcompile": True}))
     return " ".join(text.replace("aom_intents.", "").split())
 

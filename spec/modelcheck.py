@@ -1,4 +1,4 @@
-"""Run the Spin model check of the delivery-intent protocol (issue 10); see ``docs/formal.md``.
+"""Run the Spin model check of the delivery-intent protocol; see ``docs/formal.md``.
 
 ``python spec/modelcheck.py`` generates the model from ``spec/table.toml`` (it must equal the
 committed ``spec/atmostonce.pml``), runs ``spin -a``, compiles ``pan`` with gcc and runs it for:
@@ -20,9 +20,11 @@ committed ``spec/atmostonce.pml``), runs ``spin -a``, compiles ``pan`` with gcc 
 It reads each ``pan`` report (errors, states stored, transitions, depth, time; ``./pan`` exits 0
 even when it finds errors), replays every counterexample with ``spin -t -p`` and keeps the event
 lines, and compares everything with the committed manifest ``spec/modelcheck.json``: state counts
-and outcomes exactly, runtime loosely. ``--write`` records a new manifest instead. Exit status: 0
-all as expected; 1 a property failed, an ablation went uncaught, or the manifest differs; 2 spin or
-gcc is missing, or the model is stale.
+and outcomes exactly. ``--write`` records a new manifest instead. Exit status: 0 all as expected;
+1 a property failed, an ablation went uncaught, or the manifest differs; 2 spin or gcc is missing,
+or the model is stale. Wall time never decides the exit status: a run much slower than the recorded
+one (a loaded machine) prints a warning and exits as its results say; no Spin or gcc step has a
+time limit (every search is bounded by its depth and memory limits instead).
 """
 
 from __future__ import annotations
@@ -59,20 +61,12 @@ def _load_promela():
 
 promela = _load_promela()
 
-# cpp flags per configuration of the one generated model
-CONFIGURATIONS: dict[str, tuple[str, ...]] = {
-    # two workers, sweeper, reconciler, operator (2 moves), clock, transport, platform
-    "main": (),
-    # plus another intent of the same account with the same text; one operator move
-    "text": ("-DOTHER_INTENT", "-DOPERATOR_MOVES=1"),
-    # plus one database backup and one restore from it (restore epoch, restore fence); one operator
-    # move besides the fence; sends beyond the request slots are not explored (a restore rewinds the
-    # attempt count, so the slot bound of the other configurations does not hold here)
-    "restore": ("-DRESTORES", "-DOPERATOR_MOVES=1", "-DCUT_AT_BOUND"),
-    # two approval-gated intents sharing one target: its claim row, approvals, the coupling of
-    # intent events to claim events (spec/claim.toml, spec/approval.toml, `couples` in the table)
-    "claims": ("-DCLAIMS",),
-}
+# cpp flags per configuration of the one generated model, in the order they run; each configuration is
+# a module of spec/promela_gen/configurations/ (its docstring says what it adds): main (two workers,
+# sweeper, reconciler, operator with 2 moves, clock, transport, platform), text (plus another intent of
+# the same account with the same text), restore (plus a database backup and a restore from it), claims
+# (two approval-gated intents sharing one target: its claim row, approvals, the couplings)
+CONFIGURATIONS: dict[str, tuple[str, ...]] = {c.NAME: tuple(c.FLAGS) for c in promela.CONFIGURATIONS}
 # ablations try the cheaper configurations first
 ABLATION_ORDER = ("text", "main", "restore")
 # guards that are always true without a restore (every lease, plan and attempt carries the one
@@ -279,8 +273,9 @@ def check_one(
     d.mkdir(parents=True)
     (d / "model.pml").write_text(model, "utf-8")
 
-    def run(cmd: Sequence[str], timeout: float = 3600) -> subprocess.CompletedProcess:
-        return subprocess.run(list(cmd), cwd=d, capture_output=True, text=True, timeout=timeout, check=False)
+    def run(cmd: Sequence[str]) -> subprocess.CompletedProcess:
+        # no timeout: a slow machine makes a search slow, not wrong (pan stops at its -m and MEMLIM bounds)
+        return subprocess.run(list(cmd), cwd=d, capture_output=True, text=True, check=False)
 
     p = run(["spin", *flags, "-a", "model.pml"])
     if p.returncode != 0:
@@ -623,9 +618,17 @@ def compare_manifest(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     return out
 
 
-def runtime_ok(got: float, want: float | None) -> bool:
-    """Loose: within three times the recorded runtime plus a minute."""
-    return want is None or got <= 3 * want + 60
+def runtime_warning(got: float, want: float | None) -> str | None:
+    """A warning when the run took more than three times the recorded runtime plus a minute, else None.
+
+    Only ever printed: the state counts decide, and a loaded machine is no failure."""
+    if want is None or got <= 3 * want + 60:
+        return None
+    return f"WARNING: runtime {got:.0f}s is far above the recorded {want}s (a loaded machine?); not a failure"
+
+
+# the wall clock main() measures the run with (a seam for the tests)
+_clock = time.monotonic
 
 
 # ------------------------------------------------------------------------------------ main
@@ -698,9 +701,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     only = "ablations" if args.guard else args.only
-    t0 = time.monotonic()
+    t0 = _clock()
     outcomes = run_jobs(plan(table, only=only, guards=args.guard), args.workdir, args.jobs)
-    seconds = time.monotonic() - t0
+    seconds = _clock() - t0
     kinds = ("configuration", "coverage", "ablation", "partial", "platform", "broken", "exploration")
     names = [*CONFIGURATIONS, *all_guards(table), *PARTIAL_ABLATIONS, *PLATFORM_ABLATIONS, *EXPLORATIONS]
     outcomes.sort(key=lambda o: (kinds.index(o.kind), names.index(o.name) if o.name in names else 0))
@@ -733,8 +736,9 @@ def main(argv: list[str] | None = None) -> int:
     diffs = compare_manifest(manifest, want)
     for d in diffs:
         print("MANIFEST " + d)
-    if not runtime_ok(seconds, want.get("runtime_seconds")):  # wall time is a warning, never a failure
-        print(f"WARNING: runtime {seconds:.0f}s is far above the recorded {want.get('runtime_seconds')}s")
+    warning = runtime_warning(seconds, want.get("runtime_seconds"))
+    if warning is not None:  # wall time is a warning, never a failure
+        print(warning)
     if diffs:
         rc = 1
     elif rc == 0:

@@ -1,8 +1,8 @@
-"""The Spin model is generated from the table, and the model check bites (issue 10, docs/formal.md).
+"""The Spin model is generated from the table, and the model check bites (docs/formal.md).
 
 Fast tests need no Spin: the committed model equals the generator's output for the current table,
 every name in the table has a translation (and a missing one fails loudly), the manifest accounts
-for every guard, and the report parsers read real pan output. The ``slow`` tests run Spin: the
+for every guard, and the report parsers read real pan output. The ``spin`` tests run Spin (in `make model-check`): the
 model has no counterexample, one guard ablation and the broken configuration are caught.
 """
 
@@ -34,6 +34,8 @@ def _load(name: str, path: Path):
 
 promela = _load("atmostonce_promela", SPEC / "promela.py")
 modelcheck = _load("atmostonce_modelcheck", SPEC / "modelcheck.py")
+# the Promela guard registry (spec/promela_gen/guards.py; loading spec/promela.py puts spec/ on the path)
+guard_registry = importlib.import_module("promela_gen.guards")
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +66,38 @@ def test_every_state_event_and_guard_of_the_table_is_in_the_model(table):
         if not ev.creates:
             assert f"inline ev_{ev.name}()" in text, ev.name
     for g in table.guards:
-        assert g in promela.GUARDS, g
+        assert g in guard_registry.PROMELA_GUARDS, g
     # every guard's expression appears in the enabling condition of every event that uses it
     for ev in table.events.values():
         body = text.split(f"inline ev_{ev.name}() {{")[1].split("->")[0] if not ev.creates else ""
         for g in ev.guards:
             binding = promela.ACTOR_ARGS[ev.actor]
-            assert "(" + promela.GUARDS[g].format_map(dict(binding)) + ")" in body, (ev.name, g)
+            assert "(" + guard_registry.PROMELA_GUARDS[g].format_map(dict(binding)) + ")" in body, (ev.name, g)
+
+
+def test_promela_guards_cover_exactly_the_catalogue(table):
+    """Every guard of spec/table.toml has one Promela translation in each configuration, and nothing else has."""
+    assert set(guard_registry.PROMELA_GUARDS) == set(table.guards)
+    assert set(guard_registry.CLAIMS_INTENT_GUARDS) == set(table.guards)
+
+
+def test_promela_claim_and_approval_guards_cover_exactly_the_machine_catalogues():
+    assert set(guard_registry.CLAIM_PROMELA_GUARDS) == set(machine("claim").guards)
+    assert set(guard_registry.APPROVAL_PROMELA_GUARDS) == set(machine("approval").guards)
+
+
+def test_each_configuration_module_carries_the_flags_the_manifest_was_checked_with(manifest):
+    assert [c.NAME for c in promela.CONFIGURATIONS] == list(manifest["configurations"])
+    for c in promela.CONFIGURATIONS:
+        assert manifest["configurations"][c.NAME]["flags"] == list(c.FLAGS), c.NAME
+
+
+def test_a_template_placeholder_without_a_value_fails_loudly():
+    base = importlib.import_module("promela_gen.base")
+    with pytest.raises(promela.GenerationError, match="left_open"):
+        base.render("restore", backup_decls="", take_backup="", do_restore="", clear_backup="")
+    with pytest.raises(promela.GenerationError, match="stray"):
+        base.render("text", stray="x")
 
 
 def _with_guard(table, name: str):
@@ -110,7 +137,7 @@ def test_an_ablation_removes_exactly_that_guard_from_the_conditions(table):
         users = [e for e in table.events.values() if g in e.guards]
         for ev in users:
             cond = ablated.split(f"inline ev_{ev.name}() {{")[1].split(" ->\n")[0]
-            expr = "(" + promela.GUARDS[g].format_map(dict(promela.ACTOR_ARGS[ev.actor])) + ")"
+            expr = "(" + guard_registry.PROMELA_GUARDS[g].format_map(dict(promela.ACTOR_ARGS[ev.actor])) + ")"
             assert expr not in cond, (g, ev.name)
     with pytest.raises(promela.GenerationError):
         promela.generate(table, drop_guard="no_such_guard")
@@ -238,7 +265,7 @@ def test_the_claims_configuration_is_checked_and_its_properties_are_caught(manif
 
 
 def test_the_restore_guards_are_caught_in_the_restore_configuration(table, manifest):
-    """Issue 10: the restore configuration is checked, and the guards that only matter after a
+    """The restore configuration is checked, and the guards that only matter after a
     restore are judged there (each without a counterexample in the model proper)."""
     assert manifest["configurations"]["restore"]["errors"] == 0
     assert "-DRESTORES" in manifest["configurations"]["restore"]["flags"]
@@ -363,9 +390,42 @@ def test_trimmed_trail_keeps_the_events_and_ends_with_the_failed_assertion():
     ]
 
 
-def test_runtime_is_compared_loosely():
-    assert modelcheck.runtime_ok(150.0, 100.0)
-    assert not modelcheck.runtime_ok(400.0, 100.0)
+_SECTIONS = (
+    ("configurations", "configuration"),
+    ("coverage", "coverage"),
+    ("ablations", "ablation"),
+    ("partial_ablations", "partial"),
+    ("platform_ablations", "platform"),
+    ("broken", "broken"),
+    ("explorations", "exploration"),
+)
+
+
+def test_a_slow_run_with_the_recorded_state_counts_exits_0_with_a_warning(manifest, monkeypatch, capsys, tmp_path):
+    """Wall time never fails `make model-check`: every job reports exactly the manifest's counts and
+    outcomes, but each took ten times as long and the whole run far over the recorded runtime."""
+    slow = 10 * manifest["runtime_seconds"] + 600
+    outcomes = [
+        modelcheck.Outcome(kind, name, True, {**rec, "seconds": 10 * rec.get("seconds", 1.0)})
+        for section, kind in _SECTIONS
+        for name, rec in manifest[section].items()
+    ]
+    ticks = iter((0.0, slow))
+    monkeypatch.setattr(modelcheck, "_clock", lambda: next(ticks))
+    monkeypatch.setattr(modelcheck, "tools", lambda: {"spin": manifest["spin"], "gcc": "gcc"})
+    monkeypatch.setattr(modelcheck, "plan", lambda table, only=None, guards=None: [lambda wd, o=o: o for o in outcomes])
+    monkeypatch.setattr(modelcheck, "MANIFEST", SPEC / "modelcheck.json")
+
+    assert modelcheck.main(["--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert modelcheck.runtime_warning(slow, manifest["runtime_seconds"]) in out
+    assert "matches spec/modelcheck.json" in out
+    assert not [line for line in out if line.startswith(("BAD", "MANIFEST"))]
+
+
+def test_a_run_within_the_recorded_runtime_gives_no_warning(manifest):
+    assert modelcheck.runtime_warning(manifest["runtime_seconds"] * 2, manifest["runtime_seconds"]) is None
+    assert modelcheck.runtime_warning(10_000.0, None) is None
 
 
 def test_manifest_comparison_names_what_changed(manifest):
@@ -379,9 +439,13 @@ def test_manifest_comparison_names_what_changed(manifest):
 
 
 # ------------------------------------------------------------------------------ with Spin
-# the restore configuration's exhaustive search takes many minutes on its own: `make model-check`
-# (run by CI beside `make test`) checks it against the same manifest
+# These run Spin (marker ``spin``): `make model-check` runs them after spec/modelcheck.py, and `make test` leaves
+# them out. The ``exhaustive`` ones repeat a job of spec/modelcheck.py (a configuration's full search, one
+# ablation) against the same manifest, so `make model-check` skips them; `make formal-tests` runs every one. The
+# restore configuration's exhaustive search is left to spec/modelcheck.py alone.
 @pytest.mark.slow
+@pytest.mark.spin
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("name", [n for n in modelcheck.CONFIGURATIONS if n != "restore"])
 def test_model_check_finds_no_counterexample(table, manifest, tmp_path, name):
     """Each configuration but the restore one, exhaustively, with the state counts of the manifest."""
@@ -394,6 +458,7 @@ def test_model_check_finds_no_counterexample(table, manifest, tmp_path, name):
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 def test_every_event_fires_in_the_checked_model(table, manifest, tmp_path):
     out = modelcheck.job_coverage(table, tmp_path)
     assert out.ok, out.problems
@@ -417,6 +482,7 @@ STANDALONE = [
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 @pytest.mark.parametrize("inline", STANDALONE)
 def test_every_standalone_claim_and_approval_move_fires_in_the_claims_configuration(table, tmp_path, inline):
     """The same for the claim and approval moves no intent event carries: their successful branch is reached."""
@@ -431,6 +497,7 @@ def test_every_standalone_claim_and_approval_move_fires_in_the_claims_configurat
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 @pytest.mark.parametrize("event", COUPLED)
 def test_every_coupled_claim_move_fires_in_the_claims_configuration(table, tmp_path, event):
     """Vacuity for the claims configuration (it has no coverage run): for every intent event that
@@ -449,6 +516,8 @@ def test_every_coupled_claim_move_fires_in_the_claims_configuration(table, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.spin
+@pytest.mark.exhaustive
 def test_removing_the_lease_holder_guard_is_caught(table, manifest, tmp_path):
     out = modelcheck.job_ablation(table, "lease_holder", tmp_path)
     assert out.ok, out.problems
@@ -458,6 +527,8 @@ def test_removing_the_lease_holder_guard_is_caught(table, manifest, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.spin
+@pytest.mark.exhaustive
 def test_removing_the_restore_epoch_fence_is_caught_after_a_restore(table, manifest, tmp_path):
     out = modelcheck.job_ablation(table, "restore_epoch_current", tmp_path)
     assert out.ok, out.problems
@@ -466,6 +537,7 @@ def test_removing_the_restore_epoch_fence_is_caught_after_a_restore(table, manif
 
 
 @pytest.mark.slow
+@pytest.mark.spin
 def test_the_broken_configuration_is_caught_with_a_duplicate(table, tmp_path):
     out = modelcheck.job_broken(table, tmp_path)
     assert out.ok, out.problems

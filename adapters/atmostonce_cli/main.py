@@ -28,6 +28,7 @@ from atmostonce.errors import (
 )
 from atmostonce.plugins import DEFAULT_URL, scheme_of
 from atmostonce.plugins import open_store as open_store_url
+from atmostonce.protocols import OperatorStore, Store
 from atmostonce.records import Intent, Refusal, check_text
 
 from .urls import display_url, resolve_url
@@ -71,7 +72,7 @@ def _url(args) -> str:
     return resolve_url(args.database_url)
 
 
-def _store(args, *, create: bool = False, **kw: Any):
+def _store(args, *, create: bool = False, **kw: Any) -> Store:
     """Open the command's store. Only commands that write configuration (``db upgrade``, ``policy`` setters,
     ``operator-key add``) pass ``create=True``: any other command on a SQLite path that does not exist is
     refused (``StoreError``, exit 3) instead of leaving an empty database behind a typo."""
@@ -81,7 +82,7 @@ def _store(args, *, create: bool = False, **kw: Any):
     return open_store_url(url, **kw)
 
 
-def _resolve_key(store, key: str) -> str:
+def _resolve_key(store: OperatorStore, key: str) -> str:
     """Accept a full delivery key or a unique prefix of at least 8 characters (case-insensitive)."""
     key = key.strip().lower()
     if store.find(key) is not None:
@@ -440,7 +441,7 @@ def cmd_resolve(args) -> int:
     return EXIT_OK
 
 
-def _published_evidence(args, store, key: str) -> dict[str, Any]:
+def _published_evidence(args, store: OperatorStore, key: str) -> dict[str, Any]:
     """How the operator's remote id for ``key`` is known, kept with the resolution: read back through the
     ``--platform-config`` transport and compared as the dispatcher compares (``verify_remote_object``;
     ``NotVerified`` when it does not confirm, exit 1); or, with ``--unverified`` or without a platform
@@ -526,7 +527,7 @@ def cmd_audit_verify(args) -> int:
     return EXIT_OK if report.intact else EXIT_REFUSED
 
 
-def _account_warning(store, account: str) -> dict[str, Any] | None:
+def _account_warning(store: OperatorStore, account: str) -> dict[str, Any] | None:
     """A warning when ``account`` is one the store has never seen: no intent of it and no policy naming it
     (a misspelled account would otherwise be accepted silently, and the real one left as it was). The policy
     is still written: an account may be configured before its first intent."""
@@ -541,7 +542,7 @@ def _account_warning(store, account: str) -> dict[str, Any] | None:
     }
 
 
-def _platform_warning(store, platform: str) -> dict[str, Any] | None:
+def _platform_warning(store: OperatorStore, platform: str) -> dict[str, Any] | None:
     """A warning when ``platform`` names no installed transport (the contract gate compares the transport's
     name) and no contract already set."""
     from importlib.metadata import entry_points

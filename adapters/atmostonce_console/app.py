@@ -35,6 +35,7 @@ from atmostonce.errors import (
     RetractionUnsupported,
     StoreError,
 )
+from atmostonce.protocols import OperatorStore
 from atmostonce.records import check_text
 from atmostonce.table import machine
 
@@ -106,7 +107,7 @@ class Credentials:
 
 
 def create_app(
-    store,
+    store: OperatorStore,
     *,
     credentials: Credentials,
     action_log: ActionLog,

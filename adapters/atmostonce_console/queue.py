@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from atmostonce.protocols import OperatorStore
 from atmostonce.records import Intent
 from atmostonce.table import machine
 
@@ -40,7 +41,7 @@ def actions_for(table, it: Intent) -> list[str]:
     return [ev for ev in ACTIONS if ev in table.events and it.state in table.sources(ev)]
 
 
-def why(store, it: Intent) -> str:
+def why(store: OperatorStore, it: Intent) -> str:
     """In words, what put ``it`` where it is: the move into its state (from its history), the outcome or
     guard it names, with the table's meaning for each."""
     t = store.table
@@ -65,7 +66,7 @@ def why(store, it: Intent) -> str:
     return "; ".join(parts)
 
 
-def build_queue(store, *, limit: int = 500) -> tuple[list[QueueItem], dict[str, Any]]:
+def build_queue(store: OperatorStore, *, limit: int = 500) -> tuple[list[QueueItem], dict[str, Any]]:
     """The queue of what needs a person, oldest first, and a note of what was left out (the intents of the
     unknown kind the reconciler has not looked at yet: still the machine's work; lists cut at ``limit``)."""
     t = store.table

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from atmostonce.errors import IntakeError, Rejected, StoreError
+from atmostonce.protocols import OperatorStore
 from atmostonce.records import Intent, check_text
 
 __all__ = ["SETTLE_MOVES", "SettleResult", "refusal_doc", "select", "settle", "would"]
@@ -46,7 +47,7 @@ def _event(as_: str) -> str:
 
 
 def select(
-    store,
+    store: OperatorStore,
     *,
     state: str,
     account: str | None = None,
@@ -68,7 +69,7 @@ def select(
     return sorted(picked, key=lambda it: (it.updated_at, it.key))
 
 
-def would(store, intents: Iterable[Intent], as_: str) -> list[dict[str, Any]]:
+def would(store: OperatorStore, intents: Iterable[Intent], as_: str) -> list[dict[str, Any]]:
     """The dry run: for each intent, the move the table lists from its state (``to``), or ``None`` when the
     table has no such move from there. Guards are not predicted: the store decides them at settle time."""
     ev = store.table.event(_event(as_))
@@ -112,7 +113,7 @@ def refusal_doc(table, exc: Rejected) -> dict[str, Any]:
     return exc.as_dict() | {"meaning": meaning, "detail": exc.detail, "next": next_moves(table, exc)}
 
 
-def settle(store, keys: Iterable[str], *, as_: str, operator: str, reason: str) -> list[SettleResult]:
+def settle(store: OperatorStore, keys: Iterable[str], *, as_: str, operator: str, reason: str) -> list[SettleResult]:
     """Settle each key by the move ``as_`` names, one guarded store move per key, in the order given."""
     event = _event(as_)
     operator = check_text("operator", operator)

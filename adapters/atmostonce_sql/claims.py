@@ -7,8 +7,9 @@ approval) moves run in one transaction, intent first, then claim, then approval 
 so no cycle), and either all commit or none does. Every accepted move appends a row to
 ``aom_claim_history`` (append-only, ordered by its ``seq``).
 
-Fragments take ``(c, now, x)``: ``c`` the machine table's columns, ``now`` the database clock
-(seconds), ``x`` a :class:`Refs` with the expressions of the intent key and approval id a guard
+Fragments take ``(c, now, x)``, as the intent guards of :mod:`atmostonce_sql.guards` do: ``c`` the
+machine table's columns, ``now`` the database clock (seconds), ``x`` a
+:class:`~atmostonce_sql.guards.GuardRefs` with the expressions of the intent key and approval id a guard
 compares (bound parameters for direct moves, the claim row's own columns for coupled ones).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -34,6 +34,7 @@ from atmostonce.records import Approval, Claim, ClaimEntry, OperatorKey, check_l
 from atmostonce.signing import SIGNED_FIELDS
 from atmostonce.table import Table
 
+from .guards import GuardRefs, SqlGuard
 from .schema import approvals, claim_history, claims, intents, operator_keys, refusals, signing_policies
 
 __all__ = ["APPROVAL_SQL_GUARDS", "CLAIM_SQL_GUARDS", "SqlClaims"]
@@ -43,12 +44,8 @@ def _p(name: str, type_: Any = None) -> sa.BindParameter:
     return sa.bindparam(f"c_{name}", type_=sa.Text() if type_ is None else type_, required=False)
 
 
-@dataclass(frozen=True)
-class Refs:
-    key: Any  # the intent key the move is for
-    approval_id: Any  # the approval the move is under
-    table: Any  # the intent table (atmostonce.table.Table), for state names
-    approval_table: Any
+Refs = GuardRefs
+"""The intent guards' :class:`~atmostonce_sql.guards.GuardRefs`: one calling convention for every machine."""
 
 
 def _named(expr) -> sa.ColumnElement:
@@ -127,7 +124,7 @@ def bound_to_intent(c, now, x):
     return c.key == x.key
 
 
-CLAIM_SQL_GUARDS = {
+CLAIM_SQL_GUARDS: dict[str, SqlGuard] = {
     f.__name__: f
     for f in (
         intent_queued,
@@ -181,7 +178,7 @@ def withdrawal_attributable(c, now, x):
     )
 
 
-APPROVAL_SQL_GUARDS = {
+APPROVAL_SQL_GUARDS: dict[str, SqlGuard] = {
     f.__name__: f
     for f in (
         approver_identified,

@@ -64,7 +64,7 @@ from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
 from .claims import SqlClaims
-from .guards import PARAMS, SQL_GUARDS, text_window_expr, window_full
+from .guards import PARAMS, SQL_GUARDS, GuardRefs, text_window_expr, window_full
 from .schema import (
     TEXT_WINDOW_SETTING,
     attempt_outcomes,
@@ -148,6 +148,7 @@ class SqlStore(SqlClaims, Operations):
         ha: str | None = None,
     ):
         self.engine = engine
+        self.core = self  # the store is its own StoreCore: Operations composes every operation over it
         self.async_outcomes = bool(async_outcomes)
         """PostgreSQL: the table's outcome moves (``Table.outcome_events``) commit with
         ``synchronous_commit = off``; the authorization before the bytes always waits for the disk."""
@@ -435,8 +436,9 @@ class SqlStore(SqlClaims, Operations):
         if hit is not None:
             return hit
         c = intents.c
+        x = GuardRefs(c.key, None, self.table, self.approval_table)  # an intent move: the row's own key
         where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
-        where += [SQL_GUARDS[g](c, self._now) for g in ev.guards if g not in self._disabled_guards]
+        where += [SQL_GUARDS[g](c, self._now, x) for g in ev.guards if g not in self._disabled_guards]
         if ev.couples and not coupled:
             where.append(c.requires_approval.is_(sa.false()))
         takes_slot = "take_rate_slot" in ev.effects
@@ -455,7 +457,7 @@ class SqlStore(SqlClaims, Operations):
         checked = [g for g in ev.guards if g not in self._disabled_guards]  # what this statement evaluates
         diagnose = sa.select(
             c.state,
-            *[sa.case((SQL_GUARDS[g](c, self._now), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
+            *[sa.case((SQL_GUARDS[g](c, self._now, x), 1), else_=0).label(f"g_{i}") for i, g in enumerate(checked)],
             c.requires_approval,
             sa.exists().where(rate_limits.c.account == c.account).label("rate_limited_account"),
         ).where(c.key == sa.bindparam("p_key"))

@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 
 from .errors import AtMostOnceError
 from .plugins import open_store
+from .protocols import OutboxStore
 from .records import Intent
 from .service import Outbox, OutboxReport
-from .store import Store
 from .transport import (
     AsyncTransport,
     Capabilities,
@@ -131,7 +131,7 @@ class AsyncOutbox:
 
     def __init__(
         self,
-        open_store_: Callable[[], Store],
+        open_store_: Callable[[], OutboxStore],
         transport: AsyncTransport,
         *,
         close_transport: bool = True,
@@ -181,7 +181,7 @@ class AsyncOutbox:
         return self._outbox
 
     @property
-    def store(self) -> Store:
+    def store(self) -> OutboxStore:
         return self.outbox.store
 
     # -- intake and reads -----------------------------------------------------------------------------

@@ -29,9 +29,12 @@ import hashlib
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .identity import canonical_json
+
+if TYPE_CHECKING:
+    from .protocols import AuditStore
 
 __all__ = [
     "CHAIN_TAG",
@@ -293,7 +296,7 @@ class AuditReport:
         }
 
 
-def verify_store(store: Any, keys: Iterable[str] | None = None) -> AuditReport:
+def verify_store(store: AuditStore, keys: Iterable[str] | None = None) -> AuditReport:
     """Verify the chains of ``keys`` (default: every intent, and then also the history of intents that are
     gone, ``audit_orphans()``) of a store with ``audit_chain(key)``, replayed through ``store.table``."""
     breaks: list[ChainBreak] = []

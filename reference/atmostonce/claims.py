@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from .errors import GuardRefused, IllegalMove, IntakeError, Rejected, UnknownIntent
+from .protocols import StoreCore
 from .records import (
     Approval,
     Claim,
@@ -290,36 +291,14 @@ def claim_args(lease: ClaimLease | None) -> dict[str, Any]:
 
 
 class ClaimOperations:
-    """Public approval and claim operations shared by every store; subclasses provide the primitives."""
+    """Public approval and claim operations shared by every store, composed over the store's core
+    (:class:`~atmostonce.protocols.StoreCore`: ``_approve``, ``_claim_move``, ``_approval_move``,
+    ``_write_operator_key`` and the reads), as :class:`atmostonce.store.Operations` is."""
 
     table: Table
+    core: StoreCore
     approval_table: Table = machine("approval")
     claim_table: Table = machine("claim")
-
-    # -- primitives -------------------------------------------------------------------------
-    def _approve(self, args: Mapping[str, Any]) -> Approval:  # pragma: no cover
-        raise NotImplementedError
-
-    def _claim_move(self, event: str, target: str, args: Mapping[str, Any]) -> Claim:  # pragma: no cover
-        raise NotImplementedError
-
-    def _approval_move(self, event: str, approval_id: str, args: Mapping[str, Any]) -> Approval:  # pragma: no cover
-        raise NotImplementedError
-
-    def claim(self, target: str) -> Claim | None:  # pragma: no cover
-        raise NotImplementedError
-
-    def approval(self, approval_id: str) -> Approval:  # pragma: no cover
-        raise NotImplementedError
-
-    def approvals(self, key: str) -> list[Approval]:  # pragma: no cover
-        raise NotImplementedError
-
-    def due_approvals(self, limit: int = 100) -> list[Approval]:  # pragma: no cover
-        raise NotImplementedError
-
-    def claim_history(self, target: str) -> list[ClaimEntry]:  # pragma: no cover
-        raise NotImplementedError
 
     def claim_log(self, target: str) -> list[ClaimEntry | Refusal]:
         """The target's whole claim log in store sequence order: every move of its claim and of the
@@ -327,7 +306,7 @@ class ClaimOperations:
         (:class:`Refusal`, key ``claim:<target>``). Moves and refusals are numbered by one sequence,
         so a refusal sorts after the supersession it names. Raises ``IntakeError`` for a bad target."""
         target = check_text("target", target, max_chars=1024)
-        entries: list[ClaimEntry | Refusal] = [*self.claim_history(target), *self.refusals(f"claim:{target}")]  # type: ignore[attr-defined]
+        entries: list[ClaimEntry | Refusal] = [*self.core.claim_history(target), *self.core.refusals(f"claim:{target}")]
         return sorted(entries, key=lambda e: e.seq)
 
     # -- operations -------------------------------------------------------------------------
@@ -364,7 +343,7 @@ class ClaimOperations:
             raise IntakeError(f"signed must be a SignedApproval, got {type(signed).__name__}")
         if signed is not None and target_version is not None and target_version != signed.target_version:
             raise IntakeError("target_version differs from the signed target version")
-        args = {
+        args: dict[str, Any] = {
             "key": check_text("key", key, max_chars=256),
             "approver": person_name("approver", approver),
             "expires_in": None if expires_in is None else validate_lease_seconds("expires_in", expires_in),
@@ -375,10 +354,10 @@ class ClaimOperations:
             "target_version": _version(target_version if signed is None else signed.target_version),
             "approval_id": "apv_" + secrets.token_hex(12),
         }
-        intent = self.find(args["key"])  # type: ignore[attr-defined]
+        intent = self.core.find(args["key"])
         if intent is not None and not intent.requires_approval:
             raise IntakeError("this intent was submitted without an approval requirement: nothing to approve")
-        return self._approve(args)
+        return self.core._approve(args)
 
     def reserve_claim(
         self, key: str, *, approval_id: str, request_digest: str, owner: str, lease_seconds: float = 30.0
@@ -400,10 +379,10 @@ class ClaimOperations:
             "claim_lease_seconds": validate_lease_seconds("lease_seconds", lease_seconds),
             "new_token": "clm_" + secrets.token_hex(16),
         }
-        intent = self.get(args["key"])  # type: ignore[attr-defined]
+        intent = self.core.get(args["key"])
         if not intent.requires_approval:
             raise IntakeError("this intent was submitted without an approval requirement: it takes no claim")
-        c = self._claim_move(RESERVE_OR_REPLACE, intent.target, args)
+        c = self.core._claim_move(RESERVE_OR_REPLACE, intent.target, args)
         assert c.owner_token is not None and c.lease_expires_at is not None and c.key is not None
         return ClaimLease(
             c.target, c.epoch, c.owner_token, args["owner"], c.key, args["approval_id"], c.lease_expires_at
@@ -413,26 +392,17 @@ class ClaimOperations:
         """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
         epoch or token, refused (``IllegalMove``) once sending began. Seed 002, 003."""
         args = _claim_lease_args(lease)  # checks the type first
-        return self._claim_move("release", check_text("target", lease.target, max_chars=1024), args)
+        return self.core._claim_move("release", check_text("target", lease.target, max_chars=1024), args)
 
     def expire_approval(self, approval: Approval) -> Approval:
         """Sweeper: an approval whose deadline passed (database clock) becomes ``expired``. Seed 001."""
         if not isinstance(approval, Approval):
             raise IntakeError(f"expected an Approval, got {type(approval).__name__}")
-        return self._approval_move(
+        return self.core._approval_move(
             "expire_approval", check_text("approval id", approval.approval_id, max_chars=128), {}
         )
 
     # -- signed approvals (docs/design.md#signed-approvals) ------------------------------------------
-    def _write_operator_key(self, row: Mapping[str, Any]) -> OperatorKey:  # pragma: no cover
-        raise NotImplementedError
-
-    def operator_key(self, key_id: str) -> OperatorKey | None:  # pragma: no cover
-        raise NotImplementedError
-
-    def signing_required(self, account: str) -> bool:  # pragma: no cover
-        raise NotImplementedError
-
     def add_operator_key(self, operator: str, public_key: str, *, added_by: str) -> OperatorKey:
         """Register ``public_key`` (PEM or 64 hex digits) as a key of ``operator`` (the approver name its
         signatures must carry); ``added_by`` names the administrator. Returns the :class:`OperatorKey`.
@@ -444,12 +414,12 @@ class ClaimOperations:
             raise IntakeError("an operator key needs a named operator and a named administrator")
         pub = parse_public_key(check_text("public key", public_key, max_chars=4096))
         kid = key_id(pub)
-        old = self.operator_key(kid)
+        old = self.core.operator_key(kid)
         if old is not None:
             if old.operator != who:
                 raise IntakeError(f"key {kid} is already registered to another operator")
             return old
-        return self._write_operator_key({"key_id": kid, "operator": who, "public_key": pub, "added_by": admin})
+        return self.core._write_operator_key({"key_id": kid, "operator": who, "public_key": pub, "added_by": admin})
 
     def approve_signed(
         self, key: str, *, approver: str, expires_in: float, private_key: Any, target_version: int | None = None
@@ -460,10 +430,10 @@ class ClaimOperations:
         target's current one. Raises what :meth:`approve` raises."""
         from .signing import sign_approval
 
-        it = self.get(check_text("key", key, max_chars=256))  # type: ignore[attr-defined]
+        it = self.core.get(check_text("key", key, max_chars=256))
         secs = validate_lease_seconds("expires_in", expires_in)
         if target_version is None:
-            c = self.claim(it.target)
+            c = self.core.claim(it.target)
             target_version = 0 if c is None else c.target_version
         signed = sign_approval(
             private_key,
@@ -472,7 +442,7 @@ class ClaimOperations:
             account=it.account,
             target=it.target,
             target_version=_version(target_version),  # type: ignore[arg-type]  # filled above: _version returns it
-            expires_at=self.now() + secs,  # type: ignore[attr-defined]
+            expires_at=self.core.now() + secs,
             approver=person_name("approver", approver),
         )
         return self.approve(it.key, approver=approver, signed=signed)
@@ -484,7 +454,7 @@ class ClaimOperations:
         if not isinstance(required, bool):
             raise IntakeError(f"required must be a bool, got {type(required).__name__}")
         who = None if operator is None else check_text("operator", operator, max_chars=256)
-        self._write_policy("signing_policies", check_text("account", account), True if required else None, who)  # type: ignore[attr-defined]
+        self.core._write_policy("signing_policies", check_text("account", account), True if required else None, who)
 
     def verified_signature_args(self, claim: Any) -> dict[str, Any]:
         """At the worker, before bytes: the values of the approval under ``claim`` whose Ed25519 signature
@@ -495,12 +465,12 @@ class ClaimOperations:
         if claim is None or not getattr(claim, "approval_id", None):
             return {}
         try:
-            a = self.approval(claim.approval_id)
+            a = self.core.approval(claim.approval_id)
         except UnknownIntent:
             return {}
-        if not self.signing_required(a.account) or not a.signing_key_id:
+        if not self.core.signing_required(a.account) or not a.signing_key_id:
             return {}
-        k = self.operator_key(a.signing_key_id)
+        k = self.core.operator_key(a.signing_key_id)
         if k is None or k.operator != a.approver or not verify_approval(k.public_key, a):
             return {}
         out = {f"sig_{f}": getattr(a, f) for f in SIGNED_FIELDS}
@@ -523,7 +493,7 @@ class ClaimOperations:
             "operator": person_name("operator", operator),
             "reason": None if reason is None else _reason(reason),
         }
-        return self._approval_move("withdraw_approval", check_text("approval id", approval_id), args)
+        return self.core._approval_move("withdraw_approval", check_text("approval id", approval_id), args)
 
 
 def _expiry(v: Any) -> float:

@@ -148,6 +148,7 @@ class MemoryStore(MemoryClaims, Operations):
         text_window_seconds: float = 86_400.0,
     ):
         self.table = table or default_table()
+        self.core = self  # the model is its own StoreCore: Operations composes every operation over it
         self.default_text_window_seconds = float(text_window_seconds)
         """The duplicate-text window until one is stored (``set_text_window``)."""
         self._clock = clock or time.time
@@ -283,7 +284,7 @@ class MemoryStore(MemoryClaims, Operations):
             self._commit_coupled(coupled, now)
             return self._intent(new)
 
-    _NOT_DATA = frozenset({"_lock", "_machine", "table", "_clock", "_cells", "_generation", "_seq"})
+    _NOT_DATA = frozenset({"_lock", "_machine", "table", "_clock", "_cells", "_generation", "_seq", "core"})
 
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves as one transaction: on a refusal, everything the earlier moves wrote is put

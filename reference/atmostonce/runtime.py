@@ -25,8 +25,9 @@ from typing import Any
 from . import observe
 from .errors import AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
 from .identity import canonical_json, request_digest
+from .protocols import MaintenanceStore, OperatorStore, WorkerStore
 from .records import Intent, Lease, check_limit
-from .store import RETRACTION_PREFIX, Store, retraction_of
+from .store import RETRACTION_PREFIX, retraction_of
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
 __all__ = [
@@ -152,7 +153,7 @@ def read_back_outcome(transport: Transport, wire: WireRequest, rb: Any) -> str:
     return "read_back.differs" if isinstance(rb, Found) else "read_back.not_found"
 
 
-def verify_remote_object(store: Store, transport: Transport, key: str, remote_id: str) -> dict[str, Any]:
+def verify_remote_object(store: OperatorStore, transport: Transport, key: str, remote_id: str) -> dict[str, Any]:
     """Read back the object ``remote_id`` a person says intent ``key`` published, before the store accepts
     it (``resolve --published``): the dispatcher's own read-back and comparison, nothing else.
 
@@ -191,7 +192,7 @@ def read_back_evidence(transport: Transport, wire: WireRequest, rb: Any) -> dict
     return ev
 
 
-def late_remote_id(store: Store, it: Intent) -> str | None:
+def late_remote_id(store: object, it: Intent) -> str | None:
     """The platform object id recorded as late evidence for the intent's current attempt (the one its
     unknown send belongs to: same generation), newest first; ``None`` when there is none. An id of an
     earlier attempt or resend epoch is not used: it names another send."""
@@ -222,7 +223,7 @@ class Dispatcher:
     (runs after ``begin``, before ``authorize_dispatch``); ``crash(point)`` may raise
     :class:`SimulatedCrash` at any of :data:`CRASH_POINTS`."""
 
-    store: Store
+    store: WorkerStore
     transport: Transport
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
     work: Callable[[Intent], None] | None = None
@@ -479,7 +480,7 @@ class Sweeper:
     """Maintenance over expired leases and the retry policy. Safe to run twice at once:
     every write moves a row only if it is still as planned (``lease_holder`` guard)."""
 
-    store: Store
+    store: MaintenanceStore
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def sweep_leases(self) -> dict[str, int]:
@@ -541,7 +542,7 @@ class Sweeper:
 class Reconciler:
     """Settles ``indeterminate`` intents by looking at the platform, at most one lookup each per call."""
 
-    store: Store
+    store: MaintenanceStore
     transport: Transport
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
 

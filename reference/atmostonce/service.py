@@ -26,6 +26,7 @@ from typing import Any
 
 from .errors import Rejected
 from .plugins import open_store
+from .protocols import OutboxStore
 from .records import Intent
 from .runtime import (
     TIMED_OUTCOMES,
@@ -38,7 +39,6 @@ from .runtime import (
     Worker,
     backoff_delay,
 )
-from .store import Store
 from .transport import Transport
 
 __all__ = ["HELD_OUTCOMES", "Outbox", "OutboxReport", "open_outbox", "outcome_name"]
@@ -139,7 +139,7 @@ class Outbox:
 
     def __init__(
         self,
-        store: Store,
+        store: OutboxStore,
         transport: Transport,
         *,
         workers: int = 1,

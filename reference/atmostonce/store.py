@@ -1,41 +1,44 @@
-"""The store protocol: one operation set, implemented by the in-memory model and the SQL stores.
+"""The store operations: one operation set, composed over a small core that each store implements.
 
-Every transition method maps to one table event and is carried out by the
-implementation's ``_apply(event, key, args)``: look the event up in the table,
-check the source state and the event's named guards, and either make the
-move atomically or raise a :class:`~atmostonce.errors.Rejected` naming what
-refused, leaving everything unchanged (seed 004, "The state machine").
+Every transition method maps to one table event and is carried out by the store's core
+(:class:`~atmostonce.protocols.StoreCore`): ``core._apply(event, key, args)`` looks the event up in the
+table, checks the source state and the event's named guards, and either makes the move atomically or
+raises a :class:`~atmostonce.errors.Rejected` naming what refused, leaving everything unchanged
+(docs/design.md, "The state machine").
 
-:class:`Operations` gives every implementation the same public signatures, so
-the model and the stores cannot drift in what they accept.
+:class:`Operations` gives every implementation the same public signatures and the same input checks, so
+the model and the stores cannot drift in what they accept. What each caller needs of a store is one of
+the role protocols of :mod:`atmostonce.protocols` (re-exported here); :class:`Store` is their union.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
 from . import identity, observe
 from .claims import ClaimOperations, claim_args
 from .errors import GuardRefused, IntakeError, Rejected
+from .protocols import (
+    AuditStore,
+    IntakeStore,
+    MaintenanceStore,
+    OperatorStore,
+    OutboxStore,
+    Store,
+    StoreCore,
+    WorkerStore,
+)
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RECONCILES,
-    Approval,
-    Attempt,
-    Claim,
-    ClaimEntry,
     ClaimLease,
     Evidence,
-    HistoryEntry,
     Intent,
     Lease,
-    OperatorKey,
     Plan,
-    PolicyChange,
     Reconciliation,
-    Refusal,
     SourceCapture,
     Submission,
     check_json_object,
@@ -46,11 +49,21 @@ from .records import (
 )
 from .table import Table
 
-if TYPE_CHECKING:
-    from .audit import AuditChain
-    from .signing import SignedApproval
-
-__all__ = ["FENCING_GUARDS", "RETRACTION_PREFIX", "Operations", "Store", "retraction_of", "superseding_move"]
+__all__ = [
+    "FENCING_GUARDS",
+    "RETRACTION_PREFIX",
+    "AuditStore",
+    "IntakeStore",
+    "MaintenanceStore",
+    "Operations",
+    "OperatorStore",
+    "OutboxStore",
+    "Store",
+    "StoreCore",
+    "WorkerStore",
+    "retraction_of",
+    "superseding_move",
+]
 
 RETRACTION_PREFIX = "retract."
 """Action kinds of retraction intents: ``retract.delete`` and ``retract.correct``."""
@@ -154,41 +167,38 @@ def _plan_args(plan: Plan) -> dict[str, Any]:
 
 
 class Operations(ClaimOperations):
-    """Public operations shared by every store. Subclasses provide the primitives below."""
+    """Public operations shared by every store, composed over ``core``: the store's
+    :class:`~atmostonce.protocols.StoreCore` (apply an event, create, append, write a policy, read).
+
+    Operations defines no primitive for a store to override: it validates the input, builds each event's
+    arguments and calls ``self.core``. A store assigns its core in its constructor (``self.core = self``
+    for the shipped stores, which implement the core themselves; the assignment is where the type checker
+    holds the store to :class:`~atmostonce.protocols.StoreCore`) and implements the reads of
+    :class:`~atmostonce.protocols.Store` that are not operations (``history``, ``attempts``, ...)."""
 
     table: Table
+    core: StoreCore
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
-    # -- primitives each store implements -------------------------------------------------
-    def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:  # pragma: no cover
-        raise NotImplementedError
-
-    def _create(self, sub: Submission) -> tuple[Intent, bool]:  # pragma: no cover
-        raise NotImplementedError
+    def __init__(self, core: StoreCore, table: Table, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES):
+        """The operations over ``core``, a separate object: ``Operations(core, table)`` is a working set of
+        every operation of :class:`~atmostonce.protocols.Store` whose moves, appends and policy writes are the
+        core's. The shipped stores do not call this: each is its own core (``self.core = self``)."""
+        self.core, self.table, self.max_payload_bytes = core, table, max_payload_bytes
 
     def _move(self, event: str, key: Any, args: Mapping[str, Any]) -> Intent:
-        """Validate the key, then hand the move to the store's ``_apply``; a write refused by a
+        """Validate the key, then hand the move to the core's ``_apply``; a write refused by a
         fencing guard (a stale token, generation, epoch or plan) is recorded, not silent (seed 003)."""
         key = check_text("key", key, max_chars=256)
         try:
-            it = self._apply(event, key, args)
+            it = self.core._apply(event, key, args)
         except Rejected as exc:
             observe.log_refusal(exc)  # one record per refused move, counted by guard (docs/operations.md)
             if isinstance(exc, GuardRefused) and exc.guard in FENCING_GUARDS:
-                self._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
+                self.core._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
             raise
         observe.log_move(event, it, args, self.table)  # one record per move: key, event, outcome, attempt, generation
         return it
-
-    def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:  # pragma: no cover
-        """Apply the moves ``steps`` to ``key`` in one transaction: every move's own conditional write,
-        all committed together or none; a refusal of any move rolls back the ones before it and is
-        raised. Each step is ``(event, args)``, ``args`` a mapping or a function of the intent the
-        previous move returned (:func:`step_args`)."""
-        raise NotImplementedError
 
     def _moves(self, key: Any, steps: list[tuple[str, Any]]) -> list[Intent]:
         """:meth:`_move` for several moves in one transaction; a fencing refusal is recorded after the
@@ -208,12 +218,12 @@ class Operations(ClaimOperations):
             return build
 
         try:
-            moved = self._apply_sequence(key, [(event, remember(event, args)) for event, args in steps])
+            moved = self.core._apply_sequence(key, [(event, remember(event, args)) for event, args in steps])
         except Rejected as exc:
             observe.log_refusal(exc)
             if isinstance(exc, GuardRefused) and exc.guard in FENCING_GUARDS and exc.event in presented:
                 args = presented[exc.event]
-                self._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
+                self.core._record_refusal(exc, {k: args[k] for k in _PRESENTED if k in args})
             raise
         for (event, _), it in zip(steps, moved, strict=True):
             observe.log_move(event, it, presented.get(event, {}), self.table)
@@ -224,7 +234,7 @@ class Operations(ClaimOperations):
         history ``seq`` of the move that made that send's outcome unknown): its newest row."""
         from .audit import current_reconciliations
 
-        return current_reconciliations(self.reconciliations(key))  # type: ignore[attr-defined]
+        return current_reconciliations(self.core.reconciliations(key))
 
     # -- intake ---------------------------------------------------------------------------
     def submit(
@@ -263,7 +273,7 @@ class Operations(ClaimOperations):
         )
         if sub.action_kind.startswith(RETRACTION_PREFIX):
             self._check_retraction(sub)
-        it, created = self._create(sub)
+        it, created = self.core._create(sub)
         if created:
             observe.log_move("submit", it, {}, self.table)
         if not created and it.requires_approval != sub.requires_approval:
@@ -280,7 +290,7 @@ class Operations(ClaimOperations):
         mode = sub.action_kind[len(RETRACTION_PREFIX) :]
         if r is None or r["mode"] != mode:
             raise IntakeError("a retract.* intent needs a request made by submit_retraction")
-        orig = self.find(r["retracts"])  # type: ignore[attr-defined]
+        orig = self.core.find(r["retracts"])
         if (
             orig is None
             or orig.action_kind.startswith(RETRACTION_PREFIX)
@@ -304,7 +314,7 @@ class Operations(ClaimOperations):
         original intent stays ``published``. Submitting the same retraction again returns the same
         intent. Raises ``IntakeError`` when ``key`` is not published with a remote id, or for bad input.
         """
-        it = self.get(check_text("key", key, max_chars=256))  # type: ignore[attr-defined]
+        it = self.core.get(check_text("key", key, max_chars=256))
         if self.table.states[it.state].disposition != "done" or it.remote_id is None:
             raise IntakeError(f"only a published intent with a remote id can be retracted; {key[:12]} is {it.state}")
         if it.action_kind.startswith(RETRACTION_PREFIX):
@@ -314,7 +324,7 @@ class Operations(ClaimOperations):
         if correction is not None:
             request["correction"] = check_json_object("correction", correction)
             deletion = {"retracts": it.key, "remote_id": it.remote_id, "mode": "delete"}
-            done = self.find(identity.delivery_key(it.account, RETRACTION_PREFIX + "delete", it.target, deletion))  # type: ignore[attr-defined]
+            done = self.core.find(identity.delivery_key(it.account, RETRACTION_PREFIX + "delete", it.target, deletion))
             if done is not None and self.table.states[done.state].disposition == "done":
                 raise IntakeError(f"the object {it.remote_id} was already deleted by retraction {done.key[:12]}")
         # a correction sends new bytes: it needs the same approval gate as the intent it corrects
@@ -328,9 +338,6 @@ class Operations(ClaimOperations):
         )
 
     # -- sources (seed 004, "Recovery is the dangerous half") -----------------------------------
-    def _store_capture(self, source_id: str, version: str, raw_hash: str | None) -> SourceCapture:  # pragma: no cover
-        raise NotImplementedError
-
     def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture:
         """Record a fetch of a source. A new version is stored only when the normalized visible body
         changed; ``supersedes`` is whatever head the store holds (never a computed predecessor), so a
@@ -344,7 +351,7 @@ class Operations(ClaimOperations):
         except identity.IdentityError as exc:
             raise IntakeError(str(exc)) from exc
         raw_hash = identity.raw_digest(raw) if isinstance(raw, (bytes, bytearray)) else None
-        return self._store_capture(source_id, version, raw_hash)
+        return self.core._store_capture(source_id, version, raw_hash)
 
     # -- worker ---------------------------------------------------------------------------
     def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease:
@@ -514,9 +521,6 @@ class Operations(ClaimOperations):
         return self._move("record_unknown", lease.key, args)
 
     # -- late outcomes (docs/design.md#late-outcomes-are-evidence) ---------------------------------
-    def _record_evidence(self, args: Mapping[str, Any]) -> Evidence:  # pragma: no cover
-        raise NotImplementedError
-
     def record_late_outcome(
         self,
         lease: Lease,
@@ -562,11 +566,7 @@ class Operations(ClaimOperations):
             "reason": _optional_text("reason", reason),
             "worker_time": None if worker_time is None else float(worker_time),
         }
-        return self._record_evidence(args)
-
-    def evidence(self, key: str) -> list[Evidence]:  # pragma: no cover
-        """The intent's late outcomes, in store sequence order (append-only)."""
-        raise NotImplementedError
+        return self.core._record_evidence(args)
 
     # -- sweeper --------------------------------------------------------------------------
     def expire_lease(self, intent: Intent) -> Intent:
@@ -645,23 +645,12 @@ class Operations(ClaimOperations):
     # (docs/design.md#policy-changes-are-on-the-record). ``operator`` names the person; it is required
     # where only a person acts (kill switch, text window) and optional (``None``: a program named no one)
     # on the setters programs and test harnesses call; the CLI and the console always pass one.
-    def _write_policy(self, kind: str, name: str, value: Any, operator: str | None) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def _bump_epoch(self) -> int:  # pragma: no cover
-        raise NotImplementedError
-
     def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None:
         """Engage or release a kill switch; ``scope`` is ``"global"`` or ``"account:<id>"`` (seed 004 M2)."""
         who = _policy_operator(operator)
         if scope != "global" and not (isinstance(scope, str) and scope.startswith("account:") and len(scope) > 8):
             raise IntakeError(f"kill switch scope must be 'global' or 'account:<id>', got {scope!r}")
-        self._write_policy("kill_switches", check_text("scope", scope), bool(engaged), who)
-
-    def _write_rate_limit(
-        self, account: str, max_sends: int | None, window_seconds: float, operator: str | None
-    ) -> None:  # pragma: no cover
-        raise NotImplementedError
+        self.core._write_policy("kill_switches", check_text("scope", scope), bool(engaged), who)
 
     def set_rate_limit(
         self, account: str, max_sends: int | None, *, window_seconds: float = 60.0, operator: str | None = None
@@ -676,7 +665,7 @@ class Operations(ClaimOperations):
         if max_sends is not None:
             max_sends = _positive(max_sends, "max_sends")
         secs = validate_lease_seconds("window_seconds", window_seconds)
-        self._write_rate_limit(account, max_sends, secs, who)
+        self.core._write_rate_limit(account, max_sends, secs, who)
 
     def set_text_window(self, seconds: float, *, operator: str) -> None:
         """The duplicate-text window (seconds, finite, > 0, at most a year): how far apart two authorized
@@ -685,35 +674,17 @@ class Operations(ClaimOperations):
         (``text_window_seconds=`` of its constructor, 86400 s). Raises ``IntakeError``."""
         who = _policy_operator(operator)
         secs = validate_lease_seconds("text window seconds", seconds)
-        self._write_policy("text_window_seconds", "global", secs, who)
-
-    def policies(self) -> dict[str, Any]:  # pragma: no cover
-        """Every policy the gates read, in one snapshot: ``kill_switches`` (scope -> engaged),
-        ``rate_limits`` (account -> ``max_sends``, ``window_seconds``, ``window_start``, ``used``),
-        ``credentials`` (account -> version), ``contracts`` (platform -> version), ``signing`` (account ->
-        approvals must be signed) and ``text_window_seconds`` (the duplicate-text window)."""
-        raise NotImplementedError
-
-    def policy_changes(self, limit: int = 100) -> list[PolicyChange]:  # pragma: no cover
-        """The newest ``limit`` rows of the policy log, newest first (append-only)."""
-        raise NotImplementedError
-
-    def has_account(self, account: str) -> bool:  # pragma: no cover
-        """Whether any intent of ``account`` is stored."""
-        raise NotImplementedError
+        self.core._write_policy("text_window_seconds", "global", secs, who)
 
     def set_credential_version(self, account: str, version: str | None, *, operator: str | None = None) -> None:
         """The account's current credential version (``None``: no check for this account)."""
         name, who = check_text("account", account), _optional_operator(operator)
-        self._write_policy("credentials", name, _optional_text("version", version), who)
+        self.core._write_policy("credentials", name, _optional_text("version", version), who)
 
     def set_contract_version(self, platform: str, version: str | None, *, operator: str | None = None) -> None:
         """The platform contract version workers must have prepared for (``None``: no check)."""
         name, who = check_text("platform", platform), _optional_operator(operator)
-        self._write_policy("contracts", name, _optional_text("version", version), who)
-
-    def _declare_restore(self, who: str) -> tuple[int, int]:  # pragma: no cover
-        raise NotImplementedError
+        self.core._write_policy("contracts", name, _optional_text("version", version), who)
 
     def declare_restore(self, *, operator: str) -> tuple[int, int]:
         """After restoring the database from a backup: move every store sequence past the data it
@@ -726,7 +697,7 @@ class Operations(ClaimOperations):
         ``StoreError`` when the store fails (nothing is then changed).
         """
         who = check_text("operator", operator, max_chars=256)
-        return self._declare_restore(who)
+        return self.core._declare_restore(who)
 
 
 def _positive(v: Any, name: str) -> int:
@@ -767,168 +738,3 @@ def _stale_args(intent: Intent) -> dict[str, Any]:
         "attempt_token": None if intent.attempt_token is None else check_text("attempt token", intent.attempt_token),
         "generation": _int("generation", intent.generation, optional=True),
     }
-
-
-@runtime_checkable
-class Store(Protocol):
-    """What the runtime, the outbox service, the CLI, the audit and the conformance machines need from a store
-    (model or SQL): every method any of them calls (``tests/test_store_protocol.py`` reads their sources and
-    fails on a call that is not declared here). Times are seconds on the store clock; moves raise
-    :class:`~atmostonce.errors.Rejected` (``IllegalMove``, ``GuardRefused``) when the table refuses,
-    ``IntakeError`` for bad input and ``StoreError`` when the database fails. :class:`Operations` implements
-    the public half of it over a store's primitives."""
-
-    table: Table
-    approval_table: Table
-    """The approval machine (``spec/approval.toml``)."""
-    claim_table: Table
-    """The per-target claim machine (``spec/claim.toml``)."""
-
-    def submit(
-        self,
-        account: str,
-        action_kind: str,
-        target: str,
-        request: Mapping[str, Any],
-        *,
-        max_attempts: int = ...,
-        max_reconciles: int = ...,
-        source: tuple[str, str] | None = ...,
-        requires_approval: bool = ...,
-    ) -> Intent: ...
-    def begin(self, key: str, *, lease_seconds: float = 30.0) -> Lease: ...
-    def authorize_dispatch(
-        self,
-        lease: Lease,
-        *,
-        request_digest: str,
-        send_lease_seconds: float = ...,
-        descriptor: Mapping[str, Any] | None = ...,
-        credential_version: str | None = ...,
-        platform: str | None = ...,
-        contract_version: str | None = ...,
-        claim: ClaimLease | None = ...,
-    ) -> Intent: ...
-    def begin_and_authorize(
-        self,
-        key: str,
-        *,
-        request_digest: str,
-        lease_seconds: float = ...,
-        send_lease_seconds: float = ...,
-        descriptor: Mapping[str, Any] | None = ...,
-        credential_version: str | None = ...,
-        platform: str | None = ...,
-        contract_version: str | None = ...,
-    ) -> tuple[Lease, Intent]: ...
-    def record_success(self, lease: Lease, *, remote_id: str, response_digest: str | None = None) -> Intent: ...
-    def record_sent(
-        self,
-        lease: Lease,
-        *,
-        remote_id: str,
-        read_back: str,
-        response_digest: str | None = ...,
-        reason: str | None = ...,
-        evidence: Mapping[str, Any] | None = ...,
-    ) -> Intent: ...
-    def confirm_read_back(self, lease: Lease) -> Intent: ...
-    def read_back_failed(self, lease: Lease, *, reason: str, evidence: Mapping[str, Any] | None = None) -> Intent: ...
-    def record_not_sent(self, lease: Lease, *, reason: str) -> Intent: ...
-    def record_unknown(self, lease: Lease, *, reason: str) -> Intent: ...
-    def expire_lease(self, intent: Intent) -> Intent: ...
-    def abandon_attempt(self, intent: Intent) -> Intent: ...
-    def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent: ...
-    def reconcile_not_found(self, plan: Plan) -> Intent: ...
-    def reconcile_unproven(self, plan: Plan) -> Intent: ...
-    def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent: ...
-    def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent: ...
-    def retry(self, key: str, *, operator: str | None = None) -> Intent: ...
-    def exhaust(self, key: str) -> Intent: ...
-    def park(self, key: str, *, operator: str, reason: str = ...) -> Intent: ...
-    def resolve_published(
-        self, key: str, *, operator: str, remote_id: str, evidence: Mapping[str, Any] | None = None
-    ) -> Intent: ...
-    def resolve_not_sent(self, key: str, *, operator: str, reason: str = ...) -> Intent: ...
-    def resend(self, key: str, *, operator: str) -> Intent: ...
-    def block_at_gate(self, lease: Lease, *, reason: str) -> Intent: ...
-    def submit_retraction(
-        self, key: str, *, correction: Mapping[str, Any] | None = ..., max_attempts: int = ...
-    ) -> Intent: ...
-
-    # approvals and per-target dispatch claims (seeds 001 to 003)
-    def approve(
-        self,
-        key: str,
-        *,
-        approver: str,
-        expires_in: float | None = ...,
-        request_digest: str | None = ...,
-        target_version: int | None = ...,
-        signed: SignedApproval | None = ...,
-    ) -> Approval: ...
-    def approve_signed(
-        self, key: str, *, approver: str, expires_in: float, private_key: Any, target_version: int | None = ...
-    ) -> Approval: ...
-    def approval(self, approval_id: str) -> Approval: ...
-    def approvals(self, key: str) -> list[Approval]: ...
-    def due_approvals(self, limit: int = 100) -> list[Approval]: ...
-    def expire_approval(self, approval: Approval) -> Approval: ...
-    def withdraw_approval(self, approval_id: str, *, operator: str, reason: str | None = None) -> Approval: ...
-    def reserve_claim(
-        self, key: str, *, approval_id: str, request_digest: str, owner: str, lease_seconds: float = ...
-    ) -> ClaimLease: ...
-    def release_claim(self, lease: ClaimLease) -> Claim: ...
-    def claim(self, target: str) -> Claim | None: ...
-    def claim_log(self, target: str) -> list[ClaimEntry | Refusal]: ...
-    def signing_required(self, account: str) -> bool: ...
-    def set_signing_required(self, account: str, required: bool, *, operator: str | None = None) -> None: ...
-    def add_operator_key(self, operator: str, public_key: str, *, added_by: str) -> OperatorKey: ...
-    def verified_signature_args(self, claim: Any) -> dict[str, Any]: ...
-
-    # the audit (atmostonce.audit.verify_store)
-    def audit_keys(self) -> list[str]: ...
-    def audit_chain(self, key: str) -> AuditChain: ...
-    def audit_orphans(self) -> list[str]: ...
-
-    def get(self, key: str) -> Intent: ...
-    def find(self, key: str) -> Intent | None: ...
-    def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]: ...
-    def count_by_state(self) -> dict[str, int]: ...
-    def history(self, key: str) -> list[HistoryEntry]: ...
-    def attempts(self, key: str) -> list[Attempt]: ...
-    def reconciliations(self, key: str) -> list[Reconciliation]: ...
-    def refusals(self, key: str) -> list[Refusal]: ...
-    def record_late_outcome(
-        self,
-        lease: Lease,
-        *,
-        outcome: str,
-        refused: Rejected,
-        remote_id: str | None = ...,
-        response_digest: str | None = ...,
-        reason: str | None = ...,
-        worker_time: float | None = ...,
-    ) -> Evidence: ...
-    def evidence(self, key: str) -> list[Evidence]: ...
-    def due_leases(self, limit: int = 100) -> list[Intent]: ...
-    def claimable(self, limit: int = 100) -> list[str]: ...
-    def kill_switch_engaged(self, account: str) -> bool: ...
-    def rate_limited(self, account: str) -> bool: ...
-    def set_rate_limit(
-        self, account: str, max_sends: int | None, *, window_seconds: float = ..., operator: str | None = ...
-    ) -> None: ...
-    def set_text_window(self, seconds: float, *, operator: str) -> None: ...
-    def policy_changes(self, limit: int = ...) -> list[PolicyChange]: ...
-    def current_epoch(self) -> int: ...
-    def set_kill_switch(self, scope: str, engaged: bool, *, operator: str) -> None: ...
-    def policies(self) -> dict[str, Any]: ...
-    def has_account(self, account: str) -> bool: ...
-    def set_credential_version(self, account: str, version: str | None, *, operator: str | None = ...) -> None: ...
-    def set_contract_version(self, platform: str, version: str | None, *, operator: str | None = ...) -> None: ...
-    def declare_restore(self, *, operator: str) -> tuple[int, int]: ...
-    def capture_source(self, source_id: str, body: str, *, raw: bytes | None = None) -> SourceCapture: ...
-    def source_head(self, source_id: str) -> str | None: ...
-    def total_attempts(self) -> int: ...
-    def now(self) -> float: ...
-    def close(self) -> None: ...

@@ -100,6 +100,18 @@ def shot(driver, name: str) -> None:
     driver.save_screenshot(str(SHOTS / f"{name}.png"))
 
 
+def navigate(d, element) -> None:
+    """Click what loads a new page and wait until the old page is gone, so the next lookup reads the new one
+    (under load the old page's rows would otherwise be found, then go stale)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = d.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(d, 30).until(expected_conditions.staleness_of(old))
+
+
 def test_an_operator_signs_in_settles_a_parked_intent_and_sees_the_audit_row(served, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -110,13 +122,13 @@ def test_an_operator_signs_in_settles_a_parked_intent_and_sees_the_audit_row(ser
     assert "/login" in d.current_url  # nothing without signing in
     d.find_element(By.ID, "login-token").send_keys(TOKEN)
     shot(d, "login")
-    d.find_element(By.ID, "login-submit").click()
+    navigate(d, d.find_element(By.ID, "login-submit"))
     assert d.find_element(By.ID, "operator").text == "alice"
 
     row = d.find_element(By.CSS_SELECTOR, f'tr.queue-item[data-key="{key}"]')
     assert row.get_attribute("data-state") == "parked"
     shot(d, "queue")
-    row.find_element(By.CSS_SELECTOR, "a[href^='/intents/']").click()
+    navigate(d, row.find_element(By.CSS_SELECTOR, "a[href^='/intents/']"))
     assert d.find_element(By.ID, "intent-state").text == "parked"
     shot(d, "intent")
 
@@ -124,13 +136,13 @@ def test_an_operator_signs_in_settles_a_parked_intent_and_sees_the_audit_row(ser
     Select(d.find_element(By.ID, "settle-state")).select_by_visible_text("parked")
     Select(d.find_element(By.ID, "settle-as")).select_by_value("not-sent")
     d.find_element(By.ID, "settle-account").send_keys("shop")
-    d.find_element(By.ID, "settle-preview").click()
+    navigate(d, d.find_element(By.ID, "settle-preview"))
     selected = [e.get_attribute("data-key") for e in d.find_elements(By.CSS_SELECTOR, "tr.settle-row")]
     assert selected == [key]
     d.find_element(By.ID, "settle-reason").send_keys("checked the platform: not there")
     d.find_element(By.ID, "settle-confirm-box").click()
     shot(d, "settle-confirm")
-    d.find_element(By.ID, "settle-submit").click()
+    navigate(d, d.find_element(By.ID, "settle-submit"))
     result = d.find_element(By.CSS_SELECTOR, f'tr.settle-result[data-key="{key}"]')
     assert result.get_attribute("data-result") == "moved"
     shot(d, "settle-done")
@@ -150,7 +162,7 @@ def test_an_operator_signs_in_settles_a_parked_intent_and_sees_the_audit_row(ser
     d.get(f"{base}/intents/{failed}")
     d.execute_script("document.querySelectorAll('#act-park input[name=csrf]').forEach(e => e.remove())")
     d.find_element(By.CSS_SELECTOR, "#act-park input[name=reason]").send_keys("no token")
-    d.find_element(By.CSS_SELECTOR, "#act-park button").click()
+    navigate(d, d.find_element(By.CSS_SELECTOR, "#act-park button"))
     assert "CSRF" in d.find_element(By.TAG_NAME, "body").text
     assert store.get(failed).state == "failed"
     cookie = {c["name"]: c["value"] for c in d.get_cookies()}

@@ -176,6 +176,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             from atmostonce.audit import verify_store
 
             for i, st_ in enumerate(stores):
+                assert st_ is not None  # audit_chain was found on both
                 report = verify_store(st_, [self.k(k, i) for k in self.keys])
                 assert report.intact, f"audit chain broken in {type(st_).__name__}: {report.breaks}"
 
