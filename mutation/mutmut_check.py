@@ -1,4 +1,5 @@
-"""Fail when mutmut left a mutant alive that ``mutation/mutmut_explained.json`` does not explain.
+"""Fail when mutmut left a mutant alive that ``mutation/mutmut_explained.json`` does not explain, or when
+recorded mutation evidence describes a function body that is no longer the one in the tree.
 
 ``mutmut run`` exits 0 however many mutants survive, so this is the gate. It reads the counts of
 ``mutmut export-cicd-stats`` (``mutants/mutmut-cicd-stats.json``) and, because that file has no
@@ -7,10 +8,25 @@ the run was given; all when none):
 
 * every one was checked (a run that stopped early is not a pass);
 * every one not detected (survived, no tests, suspicious, ...) has a one-line reason in the
-  explained file;
+  explained file, and that reason was not written for another body of the function;
+* the run's mutants were generated from the function bodies now in the tree;
 * the names agree with the stats file (as many survivors in the ``.meta`` files as it counts).
 
-    python -m mutation.mutmut_check [--mutants DIR] [--explained FILE] [GLOB ...]
+Mutant names are positions: ``x_f__mutmut_9`` is the ninth mutation mutmut makes in the body of
+``f``, so an edit of ``f`` renumbers them and an old verdict or explanation would silently describe
+another mutation. Every verdict in ``mutation/mutmut_results.json`` and every explanation therefore
+carries ``function_hash``, mutmut's own hash of the function it mutated (sha256 of the function's
+``ast.dump``, first 12 hex digits: the original body, decorators and signature, not its line
+numbers; ``hash_by_function_name`` in mutmut's ``.meta`` files). An entry whose hash differs from the
+function's hash in the tree now is **stale**: inside the scope that fails, outside it is listed as a
+warning (a slice run re-ran only its own functions, so it cannot vouch for the rest; a full check
+has everything in scope and so fails on any stale entry). Entries recorded before hashes existed
+carry the hash of the body at migration and ``unverified_hash``: nobody knows that the verdict was
+given on that body, so they are counted and reported, never taken as fresh, and they become stale as
+soon as the function changes.
+
+    python -m mutation.mutmut_check [--mutants DIR] [--explained FILE] [--results FILE] [GLOB ...]
+    python -m mutation.mutmut_check --confirm NAME ...   # a person re-read these survivors on this body
 
 Exit 0 when clean, 1 with one line per problem otherwise.
 """
@@ -18,15 +34,26 @@ Exit 0 when clean, 1 with one line per problem otherwise.
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
+import hashlib
 import json
+import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "build" / "mutmut" / "mutants"
 EXPLAINED = ROOT / "mutation" / "mutmut_explained.json"
+RESULTS = ROOT / "mutation" / "mutmut_results.json"
+# import name -> source root in this repository (the staging folder's links, mutation/mutmut_run.py)
+SOURCE_ROOT_OF = {"atmostonce": "reference", "atmostonce_sql": "adapters"}
+# mutmut's separator in a method's mangled name: xǁClassǁmethod
+SEP = "ǁ"
 
 # mutmut 3.8's exit-code meanings (mutmut.stats.status_by_exit_code); anything else is "suspicious"
 STATUS_BY_EXIT_CODE: dict[int | None, str] = {
@@ -64,6 +91,154 @@ def module_of(name: str) -> str:
     return name.rpartition(".")[0]
 
 
+def function_of(name: str) -> str:
+    """``atmostonce.errors.xǁRejectedǁ__init____mutmut_2`` -> ``xǁRejectedǁ__init__`` (mutmut's key in
+    ``hash_by_function_name``)."""
+    module = module_of(name)
+    return name[len(module) + 1 :].partition("__mutmut_")[0] if "__mutmut_" in name else name[len(module) + 1 :]
+
+
+def function_hashes(source: str) -> dict[str, str]:
+    """Mangled function name -> hash, for every function and method in ``source``; the same hash as
+    mutmut 3.8's ``compute_function_hashes`` (tests/test_mutmut_gate.py holds the two equal)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    out: dict[str, str] = {}
+
+    def visit(stmts: list[ast.stmt], cls: str = "") -> None:
+        for node in stmts:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                key = f"x{SEP}{cls}{SEP}{node.name}" if cls else f"x_{node.name}"
+                out[key] = hashlib.sha256(ast.dump(node, annotate_fields=False).encode()).hexdigest()[:12]
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{cls}.{node.name}" if cls else node.name)
+
+    visit(tree.body)
+    return out
+
+
+def source_file(module: str, root: Path = ROOT) -> Path | None:
+    """The file in this checkout that mutmut mutated for ``module`` (``atmostonce.identity`` ->
+    ``reference/atmostonce/identity.py``; mutmut drops ``__init__`` from the names)."""
+    top, _, rest = module.partition(".")
+    if top not in SOURCE_ROOT_OF:
+        return None
+    base = root / SOURCE_ROOT_OF[top] / top
+    for part in filter(None, rest.split(".")):
+        base = base / part
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+class TreeHashes:
+    """The hash of each function as it is in the tree now, read once per module."""
+
+    def __init__(self, root: Path = ROOT) -> None:
+        self.root = root
+        self._by_module: dict[str, dict[str, str]] = {}
+
+    def of(self, name: str) -> str | None:
+        """The current hash of the function mutant ``name`` mutates; None when that function is gone."""
+        return self.function(module_of(name), function_of(name))
+
+    def function(self, module: str, func: str) -> str | None:
+        if module not in self._by_module:
+            path = source_file(module, self.root)
+            self._by_module[module] = function_hashes(path.read_text("utf-8")) if path else {}
+        return self._by_module[module].get(func)
+
+
+def head_commit(root: Path = ROOT) -> str:
+    """The short commit of the checkout, with ``-dirty`` when its source roots have uncommitted changes
+    (then only the function hashes say which bodies the verdicts describe)."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    return commit + ("-dirty" if git("status", "--porcelain", "--", *SOURCE_ROOT_OF.values()) else "")
+
+
+FRESH, STALE, UNVERIFIED = "fresh", "stale", "unverified hash"
+
+
+def freshness(entry: Mapping[str, Any], current: str | None) -> str:
+    """``fresh`` when the entry was recorded on the body now in the tree; ``stale`` when the function
+    changed (or is gone) since; ``unverified hash`` when the entry predates hashes and its function has
+    not changed since the hashes were introduced."""
+    recorded = entry.get("function_hash")
+    if recorded is None:
+        return UNVERIFIED
+    if recorded != current:
+        return STALE
+    return UNVERIFIED if entry.get("unverified_hash") else FRESH
+
+
+@dataclass
+class Evidence:
+    """What the check found about the recorded verdicts and explanations."""
+
+    stale_in_scope: list[str] = field(default_factory=list)
+    stale_outside: list[str] = field(default_factory=list)
+    unverified: Counter[str] = field(default_factory=Counter)  # "verdicts" / "explanations" -> count
+    unverified_by_module: Counter[str] = field(default_factory=Counter)
+
+
+def stale_line(kind: str, name: str, entry: Mapping[str, Any], current: str | None) -> str:
+    func = f"{module_of(name)}.{function_of(name)}"
+    since = entry.get("commit") or "before hashes were recorded"
+    now = "is gone" if current is None else f"is now {current}"
+    return (
+        f"{name}: stale {kind}: function {func} changed since it was recorded "
+        f"(recorded on {entry.get('function_hash')} at {since}; the function {now})"
+    )
+
+
+def check_evidence(
+    verdicts: Mapping[str, Mapping[str, Any]],
+    explained: Mapping[str, Mapping[str, Any]],
+    scope: Iterable[str] = (),
+    hashes: TreeHashes | None = None,
+) -> Evidence:
+    """Sort every recorded verdict and explanation by freshness against the tree (see the docstring)."""
+    scope = list(scope)
+    hashes = TreeHashes() if hashes is None else hashes
+    ev = Evidence()
+    for kind, entries in (("verdict", verdicts), ("explanation", explained)):
+        for name, entry in sorted(entries.items()):
+            current = hashes.of(name)
+            state = freshness(entry, current)
+            if state == STALE:
+                line = stale_line(kind, name, entry, current)
+                (ev.stale_in_scope if in_scope(name, scope) else ev.stale_outside).append(line)
+            elif state == UNVERIFIED:
+                ev.unverified[kind + "s"] += 1
+                ev.unverified_by_module[module_of(name)] += 1
+    return ev
+
+
+def load_meta_hashes(mutants: Path) -> dict[str, str]:
+    """Qualified function name (``atmostonce.identity.x_claim_id``) -> the hash of the body mutmut generated
+    the mutants in ``mutants`` from."""
+    out: dict[str, str] = {}
+    for meta in sorted(mutants.rglob("*.py.meta")):
+        data = json.loads(meta.read_text("utf-8"))
+        names = list(data.get("exit_code_by_key", {}))
+        module = module_of(names[0]) if names else None
+        if module is None:
+            continue
+        for func, h in data.get("hash_by_function_name", {}).items():
+            out[f"{module}.{func}"] = h
+    return out
+
+
 def load_statuses(mutants: Path) -> dict[str, str]:
     """Mutant name -> status, from every ``.meta`` file under ``mutants``."""
     out: dict[str, str] = {}
@@ -82,12 +257,16 @@ def in_scope(name: str, scope: Iterable[str]) -> bool:
 def check(
     stats: Mapping[str, int],
     statuses: Mapping[str, str],
-    explained: Mapping[str, str],
+    explained: Mapping[str, Mapping[str, Any] | str],
     scope: Iterable[str] = (),
+    run_hashes: Mapping[str, str] | None = None,
+    hashes: TreeHashes | None = None,
 ) -> list[str]:
-    """Problems (empty when clean) for the mutants in ``scope``; see the module docstring."""
+    """Problems (empty when clean) for the mutants of this run in ``scope``; see the module docstring.
+    ``run_hashes`` (from the ``.meta`` files) and ``hashes`` (the tree) tie the run to the tree when given."""
     scope = list(scope)
     problems: list[str] = []
+    reasons = {n: str(as_explanation(e).get("why", "")).strip() for n, e in explained.items()}
     selected = {n: s for n, s in statuses.items() if in_scope(n, scope)}
     if not selected:
         problems.append(f"no mutants match the scope {scope or ['*']}")
@@ -102,30 +281,91 @@ def check(
             continue
         if status == "not checked":
             problems.append(f"{name}: not checked (the run stopped before it)")
-        elif not str(explained.get(name, "")).strip():
+        elif not reasons.get(name):
             problems.append(f"{name}: {status}, and not explained in mutation/mutmut_explained.json")
+    if run_hashes is not None and hashes is not None:
+        for module, func in sorted({(module_of(n), function_of(n)) for n in selected}):
+            ran_on, now = run_hashes.get(f"{module}.{func}"), hashes.function(module, func)
+            if ran_on is not None and ran_on != now:
+                problems.append(
+                    f"{module}.{func}: the run's mutants were generated from body {ran_on}, the tree has "
+                    f"{now or 'no such function'}: run mutmut again"
+                )
     return problems
 
 
-def stale_explanations(
-    statuses: Mapping[str, str], explained: Mapping[str, str], scope: Iterable[str] = ()
+def explained_but_detected(
+    statuses: Mapping[str, str], explained: Mapping[str, Any], scope: Iterable[str] = ()
 ) -> list[str]:
     """Explained mutants in scope that were detected after all (the reason no longer applies)."""
     return sorted(n for n in explained if in_scope(n, scope) and statuses.get(n) in DETECTED)
 
 
-def load_explained(path: Path = EXPLAINED) -> dict[str, str]:
+def as_explanation(entry: Mapping[str, Any] | str) -> dict[str, Any]:
+    """An explanation as a record; a bare string (the format before hashes) has no hash, so it is unverified."""
+    return {"why": entry} if isinstance(entry, str) else dict(entry)
+
+
+def load_explained(path: Path = EXPLAINED) -> dict[str, dict[str, Any]]:
+    """Mutant name -> ``{"why", "function_hash", "commit" | "unverified_hash"}``."""
     if not path.exists():
         return {}
-    return dict(json.loads(path.read_text("utf-8")).get("equivalent", {}))
+    return {n: as_explanation(e) for n, e in json.loads(path.read_text("utf-8")).get("equivalent", {}).items()}
+
+
+def as_verdict(entry: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A recorded verdict as a record; a bare status (the format before hashes) has no hash: unverified."""
+    return {"status": entry} if isinstance(entry, str) else dict(entry)
+
+
+def load_verdicts(path: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """Mutant name -> ``{"status", "function_hash", "commit" | "unverified_hash"}`` from the results file."""
+    if not path.exists():
+        return {}
+    return {n: as_verdict(e) for n, e in json.loads(path.read_text("utf-8")).get("mutants", {}).items()}
+
+
+def confirm(names: Iterable[str], mutants: Path, path: Path = EXPLAINED, hashes: TreeHashes | None = None) -> list[str]:
+    """Stamp the explanations of ``names`` with the function's hash in the tree and the commit: a person
+    re-read each mutant (``mutmut show NAME`` in build/mutmut/) on this body and the reason holds. Refused
+    (problems returned, nothing written) unless the last run left each one undetected on this very body."""
+    hashes = TreeHashes() if hashes is None else hashes
+    statuses, run_hashes = load_statuses(mutants), load_meta_hashes(mutants)
+    data = json.loads(path.read_text("utf-8"))
+    problems: list[str] = []
+    commit = head_commit()
+    for name in names:
+        entry = data.get("equivalent", {}).get(name)
+        func = f"{module_of(name)}.{function_of(name)}"
+        now = hashes.of(name)
+        if entry is None:
+            problems.append(f"{name}: not in {path.name}")
+        elif statuses.get(name) in DETECTED or statuses.get(name, "not checked") == "not checked":
+            problems.append(f"{name}: the last run did not leave it undetected ({statuses.get(name, 'not run')})")
+        elif now is None or run_hashes.get(func) != now:
+            problems.append(f"{name}: the last run was not on the body in the tree; run it again")
+        else:
+            data["equivalent"][name] = {"why": as_explanation(entry)["why"], "function_hash": now, "commit": commit}
+    if not problems:
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mutation.mutmut_check")
     ap.add_argument("--mutants", type=Path, default=MUTANTS, help="mutmut's mutants/ folder")
     ap.add_argument("--explained", type=Path, default=EXPLAINED)
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the recorded verdicts")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose function bodies count")
+    ap.add_argument("--confirm", action="store_true", help="stamp the explanations of the NAMEs given")
     ap.add_argument("scope", nargs="*", help="mutant name globs the run covered (default: all)")
     a = ap.parse_args(argv)
+    hashes = TreeHashes(a.root)
+    if a.confirm:
+        problems = confirm(a.scope, a.mutants, a.explained, hashes)
+        for p in problems:
+            print("  " + p)
+        return 1 if problems else 0
     stats_file = a.mutants / "mutmut-cicd-stats.json"
     if not stats_file.exists():
         print(f"{stats_file} is missing: run `mutmut export-cicd-stats` after `mutmut run`")
@@ -133,12 +373,29 @@ def main(argv: list[str] | None = None) -> int:
     stats = json.loads(stats_file.read_text("utf-8"))
     statuses = load_statuses(a.mutants)
     explained = load_explained(a.explained)
-    problems = check(stats, statuses, explained, a.scope)
+    problems = check(stats, statuses, explained, a.scope, load_meta_hashes(a.mutants), hashes)
+    ev = check_evidence(load_verdicts(a.results), explained, a.scope, hashes)
+    problems += ev.stale_in_scope
     selected = [s for n, s in statuses.items() if in_scope(n, a.scope)]
     detected = sum(1 for s in selected if s in DETECTED)
     print(f"mutmut: {len(selected)} mutants in scope, {detected} detected, {len(problems)} problems")
-    for name in stale_explanations(statuses, explained, a.scope):
+    for name in explained_but_detected(statuses, explained, a.scope):
         print(f"note: {name} is explained as equivalent but was detected; drop it from the explained file")
+    if ev.stale_outside:
+        print(
+            f"warning: {len(ev.stale_outside)} recorded entries outside this scope are stale (not failing here: "
+            "this run did not re-run them; a full check fails on them):"
+        )
+        for line in ev.stale_outside:
+            print("  warning: " + line)
+    if ev.unverified:
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(ev.unverified.items()))
+        modules = ", ".join(f"{m} {n}" for m, n in sorted(ev.unverified_by_module.items()))
+        print(
+            f"unverified hash: {counts} were recorded before function hashes were kept; their function has not "
+            f"changed since the hashes were introduced, but nobody knows they were given on this body "
+            f"(run those modules again, `--confirm` reviewed explanations): {modules}"
+        )
     for p in problems:
         print("  " + p)
     return 1 if problems else 0

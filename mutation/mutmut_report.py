@@ -3,9 +3,14 @@
     python -m mutation.mutmut_report --record GLOB... --seconds S   # merge build/mutmut/mutants/*.meta into the results
     python -m mutation.mutmut_report --write                         # docs/mutmut.md
     python -m mutation.mutmut_report --check                         # exit 1 if docs/mutmut.md is stale
+    python -m mutation.mutmut_report --migrate-hashes                # give entries without a hash the tree's, unverified
 
 ``mutation.mutmut_run`` calls ``--record`` after each run, so the results file says honestly which
-slices were run, when, and how long they took; modules never run are listed as such.
+slices were run, when, at which commit, and how long they took; modules never run are listed as such.
+Each verdict is ``{"status", "function_hash", "commit"}``: the hash is the one mutmut computed for the
+function body it generated the mutants from (its ``.meta`` file), so a verdict is tied to the code it
+ran on (mutation/mutmut_check.py says which are stale). Verdicts recorded before hashes were kept carry
+the hash of the body at migration and ``"unverified_hash": true`` instead of a commit.
 """
 
 from __future__ import annotations
@@ -17,37 +22,79 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mutation.mutmut_check import DETECTED, MUTANTS, in_scope, load_explained, load_statuses, module_of
+from mutation.mutmut_check import (
+    DETECTED,
+    MUTANTS,
+    TreeHashes,
+    as_explanation,
+    as_verdict,
+    function_of,
+    head_commit,
+    in_scope,
+    load_explained,
+    load_meta_hashes,
+    load_statuses,
+    module_of,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "mutation" / "mutmut_results.json"
+EXPLAINED = ROOT / "mutation" / "mutmut_explained.json"
 DOC = ROOT / "docs" / "mutmut.md"
 
 
 def load_results(path: Path = RESULTS) -> dict:
+    """The results file, every verdict as a record (a bare status from before hashes has none: unverified)."""
     if not path.exists():
         return {"runs": [], "generated": {}, "mutants": {}, "killed_after_surviving": []}
-    return json.loads(path.read_text("utf-8"))
+    res = json.loads(path.read_text("utf-8"))
+    res["mutants"] = {n: as_verdict(e) for n, e in res.get("mutants", {}).items()}
+    return res
 
 
-def record(scope: list[str], seconds: float, max_children: int, mutants: Path = MUTANTS, path: Path = RESULTS) -> dict:
-    """Merge the statuses of the mutants in ``scope`` into the results file; returns the new results."""
+def dump(data: dict) -> str:
+    """JSON with one line per mutant (the file has thousands; a diff then shows one line per changed verdict)."""
+    out = dict(data)
+    mutants = out.pop("mutants", {})
+    text = json.dumps(out, indent=2, ensure_ascii=False)
+    body = ",\n".join(
+        f"    {json.dumps(n, ensure_ascii=False)}: {json.dumps(e, ensure_ascii=False)}" for n, e in mutants.items()
+    )
+    return text[:-2] + ',\n  "mutants": {\n' + body + "\n  }\n}\n"
+
+
+def record(
+    scope: list[str],
+    seconds: float,
+    max_children: int,
+    mutants: Path = MUTANTS,
+    path: Path = RESULTS,
+    commit: str | None = None,
+) -> dict:
+    """Merge the statuses of the mutants in ``scope`` into the results file, each with the hash of the
+    function body the run mutated and the commit it ran at; returns the new results."""
     from importlib.metadata import version
 
     res = load_results(path)
     statuses = load_statuses(mutants)
+    run_hashes = load_meta_hashes(mutants)
+    commit = head_commit() if commit is None else commit
     res["mutmut"] = version("mutmut")
     res["generated"] = dict(sorted(Counter(module_of(n) for n in statuses).items()))
     # a mutant whose name mutmut no longer generates mutated code that has changed or gone: drop its verdict
-    old = {n: s for n, s in res.get("mutants", {}).items() if n in statuses}
+    old = {n: e for n, e in res.get("mutants", {}).items() if n in statuses}
     revived = set(res.setdefault("killed_after_surviving", []))
     count = 0
     for name, status in statuses.items():
         if not in_scope(name, scope) or status == "not checked":
             continue
-        if old.get(name) == "survived" and status in DETECTED:
+        if old.get(name, {}).get("status") == "survived" and status in DETECTED:
             revived.add(name)
-        old[name] = status
+        ran_on = run_hashes.get(f"{module_of(name)}.{function_of(name)}")
+        if ran_on is None:  # mutmut kept no hash for it: say so rather than guess one
+            old[name] = {"status": status, "function_hash": None, "unverified_hash": True}
+        else:
+            old[name] = {"status": status, "function_hash": ran_on, "commit": commit}
         count += 1
     res["mutants"] = dict(sorted(old.items()))
     res["killed_after_surviving"] = sorted(revived & set(statuses))
@@ -61,11 +108,50 @@ def record(scope: list[str], seconds: float, max_children: int, mutants: Path = 
             "mutants": count,
             "seconds": round(seconds),
             "max_children": max_children,
+            "commit": commit,
             "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         }
     )
-    path.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    path.write_text(dump(res), "utf-8")
     return res
+
+
+def migrate_hashes(
+    path: Path = RESULTS, explained_path: Path = EXPLAINED, hashes: TreeHashes | None = None, commit: str | None = None
+) -> tuple[int, int]:
+    """Give every verdict and explanation that has no ``function_hash`` the hash of its function in the
+    tree now, marked ``unverified_hash``: the entry may have been recorded on an older body, so it is
+    not fresh, but from here on an edit of the function makes it stale. Returns (verdicts, explanations)
+    migrated; entries that already have a hash are left alone."""
+    hashes = TreeHashes() if hashes is None else hashes
+    commit = head_commit() if commit is None else commit
+    res = load_results(path)
+    n_verdicts = 0
+    for name, entry in res["mutants"].items():
+        if "function_hash" not in entry:
+            res["mutants"][name] = {
+                "status": entry["status"],
+                "function_hash": hashes.of(name),
+                "unverified_hash": True,
+            }
+            n_verdicts += 1
+    if n_verdicts:
+        res["hashes_introduced"] = {
+            "commit": commit,
+            "note": "verdicts with unverified_hash were recorded before function hashes were kept; their "
+            "function_hash is the body at this commit, not necessarily the body they were given on",
+        }
+        path.write_text(dump(res), "utf-8")
+    data = json.loads(explained_path.read_text("utf-8"))
+    n_explained = 0
+    for name, entry in data.get("equivalent", {}).items():
+        e = as_explanation(entry)
+        if "function_hash" not in e:
+            data["equivalent"][name] = {"why": e["why"], "function_hash": hashes.of(name), "unverified_hash": True}
+            n_explained += 1
+    if n_explained:
+        explained_path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    return n_verdicts, n_explained
 
 
 def left_out_packages(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
@@ -77,14 +163,35 @@ def left_out_packages(pyproject: Path = ROOT / "pyproject.toml") -> list[str]:
     return [g.removesuffix("/*").removesuffix(".py").replace("/", ".") for g in globs]
 
 
+UNVERIFIED_LABEL = "unverified hash"
+
+
+def verified_label(entry: dict) -> str:
+    """The commit a verdict or explanation was verified at, or ``unverified hash``."""
+    if entry.get("unverified_hash") or not entry.get("function_hash") or not entry.get("commit"):
+        return UNVERIFIED_LABEL
+    return f"`{entry['commit']}`"
+
+
+def verified_cell(counts: Counter | None) -> str:
+    if not counts:
+        return ""
+    order = sorted(counts, key=lambda k: (k == UNVERIFIED_LABEL, k))
+    return ", ".join(f"{k} ({counts[k]})" for k in order)
+
+
 def render(res: dict | None = None, explained: dict | None = None) -> str:
     res = load_results() if res is None else res
     explained = load_explained() if explained is None else explained
-    mutants: dict[str, str] = res.get("mutants", {})
+    entries = {n: as_verdict(e) for n, e in res.get("mutants", {}).items()}
+    explained = {n: as_explanation(e) for n, e in explained.items()}
+    mutants: dict[str, str] = {n: e["status"] for n, e in entries.items()}
     generated: dict[str, int] = res.get("generated", {})
     by_module: dict[str, Counter] = defaultdict(Counter)
-    for name, status in mutants.items():
-        by_module[module_of(name)][status] += 1
+    verified_at: dict[str, Counter] = defaultdict(Counter)  # module -> commit (or "unverified hash") -> verdicts
+    for name, entry in entries.items():
+        by_module[module_of(name)][entry["status"]] += 1
+        verified_at[module_of(name)][verified_label(entry)] += 1
     left_out = " and ".join(f"`{p}`" for p in left_out_packages())
     lines = [
         "<!-- generated by `python -m mutation.mutmut_report --write` from mutation/mutmut_results.json "
@@ -141,25 +248,55 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         "* `mutmut run` exits 0 when mutants survive and also when it is interrupted; the gate "
         "(`mutation/mutmut_check.py`) reads `mutmut export-cicd-stats` and the `.meta` files and fails on a "
         "mutant in scope that is not checked, or not detected and not explained.",
-        "* CI (`.ci/run`) runs `make mutmut-slice`: `atmostonce.errors.*` and `atmostonce.identity.*`, 324 "
-        "mutants. Measured from an empty `mutants/` on 2026-12-01: 4 min 51 s wall on this 2-core machine "
-        "while two other developers' jobs ran (load average about 7), 3 min 8 s of CPU; 323 detected, 1 "
-        "explained, exit 0. Before the new tests the same slice failed with 31 unexplained survivors.",
+        "* Verdicts and explanations are tied to the code they were given on. A mutant's name is a position "
+        "(`x_f__mutmut_9` is the ninth mutation of `f`'s body), so an edit renumbers the mutants and an old "
+        "verdict would describe another mutation. Every verdict in `mutation/mutmut_results.json` and every "
+        "explanation in `mutation/mutmut_explained.json` carries `function_hash`: mutmut's own hash of the "
+        "original function it mutated (`hash_by_function_name` in its `.meta` files: sha256 of the function's "
+        "`ast.dump`, so the body, decorators and signature count and its line numbers do not); a verdict also "
+        "carries the commit it was recorded at (`-dirty` when the source had uncommitted changes). The hash "
+        "covers the function, not the tests: a test deleted since a kill is found by the next run, not by the "
+        "hash. `mutation/mutmut_check.py` calls an entry **stale** when its function's hash in the tree differs "
+        "(or the function is gone) and names the mutant and the function. Inside the scope it was given the "
+        "check fails on a stale entry; outside it, it lists them as warnings and passes. `make mutmut` (no "
+        "scope: everything is in scope) therefore fails on any stale entry, while `make mutmut-slice`, which "
+        "re-runs only the CI slice's functions, fails on stale entries of the slice and only lists the rest: "
+        "otherwise every code change would need a multi-hour full run before CI could pass. Re-run and record "
+        "what changed (`make mutmut MUTMUT=\"'atmostonce.model.*'\"`) to make it fresh again.",
+        "* Entries recorded before hashes were kept have **unverified hash**: `python -m mutation.mutmut_report "
+        "--migrate-hashes` gave them the hash of their function at that commit, marked `unverified_hash`, "
+        "because nobody knows whether the verdict was given on that body or an older one. They count as "
+        "neither fresh nor stale: the check counts them and says so, and they turn stale when their function "
+        "changes. A run records fresh verdicts over them; an explanation is made fresh by `python -m "
+        "mutation.mutmut_check --confirm NAME` after a person re-read the mutant (`mutmut show NAME` in "
+        "`build/mutmut/`) on the current body, which is refused unless the last run left it undetected on "
+        "that very body.",
+        "* CI (`.ci/run`) runs `make mutmut-slice`: `atmostonce.errors.*` and `atmostonce.identity.*`, 427 "
+        "mutants at the last recorded run. Measured from an empty `mutants/` on 2026-12-02 (with two named "
+        "`atmostonce_sql.guards` mutants): 43 min wall on this 2-core machine shared with seven other jobs, "
+        "most of it generating all 9315 mutants and the stats run; 405 detected, 22 explained (each re-read "
+        "on the current body and confirmed), exit 0.",
         "",
         "## Runs",
         "",
-        "| recorded | scope | mutants checked | wall time | workers |",
-        "|---|---|---|---|---|",
+        "| recorded | commit | scope | mutants checked | wall time | workers |",
+        "|---|---|---|---|---|---|",
     ]
     for r in res.get("runs", []):
         scope = ", ".join(f"`{g}`" for g in r["scope"])
-        lines.append(f"| {r['finished']} | {scope} | {r['mutants']} | {r['seconds']} s | {r['max_children']} |")
+        commit = f"`{r['commit']}`" if r.get("commit") else "not recorded"
+        lines.append(
+            f"| {r['finished']} | {commit} | {scope} | {r['mutants']} | {r['seconds']} s | {r['max_children']} |"
+        )
     lines += [
         "",
         "## Per module",
         "",
-        "| module | mutants | checked | killed | timeout | survived | no tests | other | score |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "`verified at` is the commit each verdict was recorded at, with how many verdicts of the module each "
+        "commit holds; `unverified hash` counts verdicts recorded before hashes were kept.",
+        "",
+        "| module | mutants | checked | killed | timeout | survived | no tests | other | score | verified at |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     totals: Counter = Counter()
     ref: Counter = Counter()  # reference/ alone: every module but the adapters' atmostonce_sql
@@ -171,7 +308,7 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         score = f"{100 * det / checked:.1f}%" if checked else "not run"
         lines.append(
             f"| `{module}` | {generated.get(module, checked)} | {checked} | {c['killed']} | {c['timeout']} | "
-            f"{c['survived']} | {c['no tests']} | {other} | {score} |"
+            f"{c['survived']} | {c['no tests']} | {other} | {score} | {verified_cell(verified_at.get(module))} |"
         )
         totals["mutants"] += generated.get(module, checked)
         totals["checked"] += checked
@@ -185,7 +322,8 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
     score = f"{100 * totals['detected'] / totals['checked']:.1f}%" if totals["checked"] else "not run"
     lines.append(
         f"| **all** | {totals['mutants']} | {totals['checked']} | {totals['killed']} | {totals['timeout']} | "
-        f"{totals['survived']} | {totals['no tests']} | {totals['other']} | {score} |"
+        f"{totals['survived']} | {totals['no tests']} | {totals['other']} | {score} | "
+        f"{verified_cell(sum(verified_at.values(), Counter()))} |"
     )
     if ref["checked"]:
         lines += [
@@ -215,12 +353,16 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
             "Each is explained in `mutation/mutmut_explained.json` (why no test can tell it from the original), "
             "or marked UNEXPLAINED, which `mutation.mutmut_check` fails on.",
             "",
-            "| mutant | status | why |",
-            "|---|---|---|",
+            "`explained at` is the commit at which a person confirmed the reason on the function's body "
+            "(`mutmut_check --confirm`), or `unverified hash` for a reason written before hashes were kept.",
+            "",
+            "| mutant | status | why | explained at |",
+            "|---|---|---|---|",
         ]
         for name, status in sorted(undetected.items()):
-            why = explained.get(name, "**UNEXPLAINED**")
-            lines.append(f"| `{name}` | {status} | {why} |")
+            e = explained.get(name)
+            why = e["why"] if e else "**UNEXPLAINED**"
+            lines.append(f"| `{name}` | {status} | {why} | {verified_label(e) if e else ''} |")
     revived = res.get("killed_after_surviving", [])
     lines += ["", "## Survivors killed by tests written for them", ""]
     if revived:
@@ -247,12 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--write", action="store_true")
     g.add_argument("--check", action="store_true")
     g.add_argument("--record", nargs="*", metavar="GLOB", help="merge a finished run's results")
+    g.add_argument("--migrate-hashes", action="store_true", help="hash entries recorded before hashes (unverified)")
     ap.add_argument("--seconds", type=float, default=0.0)
     ap.add_argument("--max-children", type=int, default=1)
     ap.add_argument("--mutants", type=Path, default=MUTANTS)
     a = ap.parse_args(argv)
     if a.record is not None:
         record(a.record, a.seconds, a.max_children, a.mutants)
+        return 0
+    if a.migrate_hashes:
+        print("migrated (verdicts, explanations):", migrate_hashes())
         return 0
     text = render()
     if a.write:
