@@ -43,17 +43,7 @@ SUBMITTED = (
 )
 """The columns a submission fills (``:p_<column>`` in the creating statement)."""
 
-HISTORY_COLUMNS = (
-    "key",
-    "event",
-    "actor",
-    "from_state",
-    "to_state",
-    "attempt_token",
-    "generation",
-    "detail",
-    "recorded_at",
-)
+HISTORY_COLUMNS = tuple(f for f in HISTORY_FIELDS if f != "seq")  # the store assigns seq
 
 
 def db_now(dialect: str) -> sa.ColumnElement[Any]:
