@@ -42,6 +42,7 @@ LINKS = {
     "reference": "reference",
     "adapters": "adapters",
     "mutation": "mutation",
+    "tools": "tools",
     "README.md": "README.md",
 }
 
