@@ -72,7 +72,7 @@ def test_cancelling_a_run_during_a_send_records_it_unknown_and_reconciliation_se
         ) as outbox:
             report = await outbox.run(until_idle=True, timeout=30)
             assert report.idle
-            return await outbox.get(key).state
+            return (await outbox.get(key)).state
 
     assert asyncio.run(settle()) == "published"  # found by its key, not sent again
     assert sink.creates == 1 and sink.requests == 1
