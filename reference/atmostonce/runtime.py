@@ -483,7 +483,9 @@ class Sweeper:
         """Re-queue up to ``limit`` (default ``retries_per_tick``) failed intents; park exhausted ones."""
         budget = self.config.retries_per_tick if limit is None else limit
         out = {"retried": 0, "exhausted": 0, "skipped": 0}
-        for state in (STATE.failed,):
+        # the states the table's retry event may leave (``failed``: the static checks refuse a table that lets an
+        # unknown outcome be retried, docs/design.md#static-checks)
+        for state in self.store.table.event(EVENT.retry).sources:
             for it in self.store.list_intents(state=state, limit=budget):
                 if out["retried"] >= budget:
                     return out

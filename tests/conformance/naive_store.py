@@ -4,8 +4,7 @@ It is the reference model with three mistakes real outboxes make, and nothing el
 so every failure the suite reports traces back to one of them:
 
 1. **Timeouts are retried.** An unknown outcome is treated as retryable: the table it runs
-   declares ``indeterminate`` retryable and lets ``retry`` leave it, so the runtime's retry
-   policy sends the request again.
+   lets ``retry`` leave ``indeterminate``, so the runtime's retry policy sends the request again.
 2. **No fencing.** Whoever presents a lease for the intent is taken to be the current worker:
    the attempt token and fencing generation it presents are replaced by the current ones
    before any guard looks at them (sweepers' snapshots too).
@@ -30,12 +29,10 @@ __all__ = ["NaiveStore", "factory", "naive_table"]
 
 
 def naive_table(t: Table) -> Table:
-    """Mistake 1: ``indeterminate`` is retryable, and ``retry`` may leave it."""
-    states = dict(t.states)
-    states["indeterminate"] = dataclasses.replace(states["indeterminate"], retryable=True)
+    """Mistake 1: ``retry`` may leave ``indeterminate``."""
     events = dict(t.events)
     events["retry"] = dataclasses.replace(events["retry"], sources=(*events["retry"].sources, "indeterminate"))
-    return dataclasses.replace(t, states=MappingProxyType(states), events=MappingProxyType(events))
+    return dataclasses.replace(t, events=MappingProxyType(events))
 
 
 class NaiveStore(MemoryStore):
