@@ -101,15 +101,19 @@ def shot(driver, name: str) -> None:
 
 
 def navigate(d, element) -> None:
-    """Click what loads a new page and wait until the old page is gone, so the next lookup reads the new one
-    (under load the old page's rows would otherwise be found, then go stale)."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
+    """Click what loads a new page and wait until the new page has loaded, so the next lookup reads it (under
+    load the old page's rows would otherwise be found, then go stale). The old page is marked in its window
+    object, which a loaded page no longer has; errors while the browser is between the two pages are waited out."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    old = d.find_element(By.TAG_NAME, "html")
+    d.execute_script("window.__atmostonce_old_page = true")
     element.click()
-    WebDriverWait(d, 30).until(expected_conditions.staleness_of(old))
+    WebDriverWait(d, 30, ignored_exceptions=(WebDriverException,)).until(
+        lambda drv: drv.execute_script(
+            "return window.__atmostonce_old_page === undefined && document.readyState === 'complete'"
+        )
+    )
 
 
 def test_an_operator_signs_in_settles_a_parked_intent_and_sees_the_audit_row(served, browser):
