@@ -18,15 +18,18 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from atmostonce.identity import split_platform_idempotency_key
 from atmostonce.names import STATE
 from atmostonce.plugins import open_store as open_store_url
+from atmostonce.records import Intent
 from atmostonce.runtime import CRASH_POINTS, RuntimeConfig, SimulatedCrash
 from atmostonce.service import Outbox, OutboxReport
+from atmostonce.store import Store
 
 from .urls import usable_url
 
@@ -98,6 +101,96 @@ def _progress(out: TextIO, counts: dict[str, int], elapsed: float, final: bool =
     out.flush()
 
 
+OPEN_STATES = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
+"""The states a demo waits out; the others are settled (published, or parked for a person)."""
+
+
+def check_arguments(n: int, workers: int, crash_rate: float) -> None:
+    """The platform demos' argument check: ``ValueError`` for no intent, no worker or a crash rate outside [0, 1]."""
+    if n < 1 or workers < 1:
+        raise ValueError("need at least one intent and one worker")
+    if not 0.0 <= crash_rate <= 1.0:
+        raise ValueError("crash_rate is a probability between 0 and 1")
+
+
+def open_empty_store(database_url: str) -> Store:
+    """Open the demo's store; ``ValueError`` (the store closed again) when it already holds intents."""
+    store = open_store_url(database_url)
+    existing = sum(store.count_by_state().values())
+    if existing:
+        store.close()
+        raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
+    return store
+
+
+@dataclass
+class Settled:
+    """What a demo's run left: ``outcomes`` (dispatch outcomes by name, ``reconcile:<name>`` for the
+    reconciler's), and ``finished``: no intent is left in an :data:`OPEN_STATES` state."""
+
+    outcomes: Counter[str]
+    finished: bool
+
+
+def run_outbox(
+    outbox: Outbox, store: Store, *, started: float, timeout: float, progress: TextIO | None, progress_every: float
+) -> Settled:
+    """Run ``outbox`` until idle or ``timeout`` seconds, a progress line on ``progress`` every ``progress_every``
+    seconds (elapsed counted from ``started``, a ``time.monotonic()``)."""
+    last = [0.0]
+
+    def on_tick(_report: OutboxReport) -> None:
+        if progress is not None and time.monotonic() - last[0] >= progress_every:
+            _progress(progress, store.count_by_state(), time.monotonic() - started)
+            last[0] = time.monotonic()
+
+    report = outbox.run(until_idle=True, timeout=timeout, on_tick=on_tick)
+    outcomes = report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
+    counts = store.count_by_state()
+    return Settled(outcomes, all(counts.get(s, 0) == 0 for s in OPEN_STATES))
+
+
+R = TypeVar("R", bound="DemoResult")
+
+
+def platform_result(
+    cls: type[R],
+    store: Store,
+    keys: Iterable[str],
+    by_key: Mapping[str, int],
+    *,
+    crasher: _Crasher,
+    settled: Settled,
+    started: float,
+    holds: Callable[[Intent], bool] | None = None,
+    **fields: Any,
+) -> R:
+    """The result of a demo whose duplicates are counted on the platform itself, never from our counters.
+
+    ``by_key``: the objects the platform holds, by key; ``holds(intent)``: whether it holds that intent's
+    object (default: ``by_key`` counts its delivery key). ``fields``: the rest of ``cls``'s fields
+    (``create_requests``, ``faults`` and the platform's own).
+    """
+    finals = [store.get(k) for k in keys]
+    if holds is None:
+        holds = lambda it: by_key.get(it.key, 0) > 0  # noqa: E731
+    return cls(
+        intents=len(finals),
+        by_state=store.count_by_state(),
+        creates=sum(by_key.values()),
+        duplicates=sum(c - 1 for c in by_key.values() if c > 1),
+        duplicate_keys=sorted(k for k, c in by_key.items() if c > 1),
+        published_without_object=sum(1 for it in finals if it.state == STATE.published and not holds(it)),
+        parked_with_object=sum(1 for it in finals if it.state == STATE.parked and holds(it)),
+        crashes=crasher.count,
+        outcomes=dict(sorted(settled.outcomes.items())),
+        seconds=round(time.monotonic() - started, 2),
+        database="",
+        finished=settled.finished,
+        **fields,
+    )
+
+
 def run_demo(
     n: int = 200,
     workers: int = 4,
@@ -149,20 +242,10 @@ def run_demo(
             store, transport, workers=workers, config=config, crash=crasher, seed=seed,
             sweep_every=0.1, reconcile_every=0.1, poll_every=0.02,
         )  # fmt: skip
-        last = [0.0]
-
-        def on_tick(_report: OutboxReport) -> None:
-            if progress is not None and time.monotonic() - last[0] >= progress_every:
-                _progress(progress, store.count_by_state(), time.monotonic() - started)
-                last[0] = time.monotonic()
-
-        report = outbox.run(until_idle=True, timeout=timeout, on_tick=on_tick)
-        outcomes = (
-            report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
+        settled = run_outbox(
+            outbox, store, started=started, timeout=timeout, progress=progress, progress_every=progress_every
         )
-        open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
         counts = store.count_by_state()
-        finished = all(counts[s] == 0 for s in open_kinds)
         if progress is not None:
             _progress(progress, counts, time.monotonic() - started, final=True)
         by_key = sink.creates_by_key
@@ -185,12 +268,12 @@ def run_demo(
             duplicate_keys=dup_keys,
             published_without_object=missing,
             crashes=crasher.count,
-            outcomes=dict(sorted(outcomes.items())),
+            outcomes=dict(sorted(settled.outcomes.items())),
             faults=dict(sink.faults_applied),
             seconds=round(time.monotonic() - started, 2),
             database=usable_url(database_url)[0],
             password_left_out=usable_url(database_url)[1],
-            finished=finished,
+            finished=settled.finished,
             parked_with_object=parked_on_platform,
         )
         transport.close()
@@ -223,3 +306,13 @@ def format_result(r: DemoResult) -> str:
     if r.password_left_out:
         lines.append("  (the password is left out: give it through PGPASSWORD or ~/.pgpass)")
     return "\n".join(lines)
+
+
+def format_platform_result(r: DemoResult, extra: list[tuple[str, object]]) -> str:
+    """:func:`format_result` for a platform whose lookup is not fenced, with ``extra`` rows after the count of
+    objects the platform created."""
+    # the sink's note on fenced writes does not apply: this lookup is not fenced
+    lines = [line for line in format_result(r).splitlines() if not line.lstrip().startswith("(faults before the write")]
+    pad = len(lines[0]) - len(str(r.intents))  # the value column of format_result's table
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("objects the platform created")), len(lines))
+    return "\n".join(lines[:at] + [f"{k:<{pad}}{v}" for k, v in extra] + lines[at:])

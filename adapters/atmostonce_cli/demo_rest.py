@@ -26,14 +26,22 @@ from typing import Any, TextIO
 
 from atmostonce.errors import Rejected
 from atmostonce.identity import split_platform_idempotency_key
-from atmostonce.names import STATE
-from atmostonce.plugins import open_store as open_store_url
 from atmostonce.runtime import Dispatcher, Reconciler, SimulatedCrash, Sweeper, Worker
 from atmostonce_http._pointer import pointer_get
 from atmostonce_http.jsonserver import JsonServer
 from atmostonce_http.profile import load_profile
 
-from .demo import DemoResult, _Crasher, _progress, format_result
+from .demo import (
+    OPEN_STATES,
+    DemoResult,
+    Settled,
+    _Crasher,
+    _progress,
+    check_arguments,
+    format_platform_result,
+    open_empty_store,
+    platform_result,
+)
 
 __all__ = ["REST_FAULT_MIX", "RestDemoResult", "format_rest_result", "run_rest_demo"]
 
@@ -79,19 +87,13 @@ def run_rest_demo(
     Raises ``ValueError`` for a bad argument or a non-empty database, ``RuntimeError`` when json-server
     cannot be installed or started (the message says how to install it).
     """
-    if n < 1 or workers < 1:
-        raise ValueError("need at least one intent and one worker")
-    if not 0.0 <= crash_rate <= 1.0:
-        raise ValueError("crash_rate is a probability between 0 and 1")
+    check_arguments(n, workers, crash_rate)
     tmp = Path(tempfile.mkdtemp(prefix="atmostonce-rest-demo-"))
     own_db = database_url is None
     if database_url is None:
         database_url = f"sqlite:///{tmp / 'demo.sqlite3'}"
-    store = open_store_url(database_url)
+    store = open_empty_store(database_url)
     try:
-        existing = sum(store.count_by_state().values())
-        if existing:
-            raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
         started = time.monotonic()
         with JsonServer(tmp) as server:
             mix = fault_mix if fault_mix is not None else REST_FAULT_MIX
@@ -147,7 +149,6 @@ def _run(
             for t in threads:
                 t.start()
             sweeper, reconciler = Sweeper(store, config), Reconciler(store, transport, config)
-            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
             finished, last = False, 0.0
             while time.monotonic() - started < timeout:
                 time.sleep(0.1)
@@ -159,7 +160,7 @@ def _run(
                 if progress is not None and time.monotonic() - last >= progress_every:
                     _progress(progress, counts, time.monotonic() - started)
                     last = time.monotonic()
-                if all(counts[s] == 0 for s in open_kinds):
+                if all(counts[s] == 0 for s in OPEN_STATES):
                     finished = True
                     break
             stop.set()
@@ -167,43 +168,32 @@ def _run(
                 t.join(timeout=10)
             proxy.clear()
             proxy.wait_idle(timeout=delay_seconds + 10)  # a delayed create still in the proxy lands before we count
-        counts = store.count_by_state()
         if progress is not None:
-            _progress(progress, counts, time.monotonic() - started, final=True)
+            _progress(progress, store.count_by_state(), time.monotonic() - started, final=True)
         posts = server.posts()  # straight from json-server, not through the proxy or any transport of ours
         by_key: Counter[str] = Counter()
         for post in posts:
             platform_key = pointer_get(post, key_field)
             if isinstance(platform_key, str) and platform_key:
                 by_key[split_platform_idempotency_key(platform_key)[0]] += 1
-        finals = {k: store.get(k) for k in keys}
-        published = (STATE.published,)
-        human_owned = (STATE.parked,)
-        return RestDemoResult(
-            intents=len(keys),
-            by_state=counts,
-            creates=sum(by_key.values()),
+        return platform_result(
+            RestDemoResult,
+            store,
+            keys,
+            by_key,
+            crasher=crasher,
+            settled=Settled(outcomes, finished),
+            started=started,
             create_requests=sum(1 for r in proxy.records if r.request_line.startswith("POST ")),
-            duplicates=sum(c - 1 for c in by_key.values() if c > 1),
-            duplicate_keys=sorted(k for k, c in by_key.items() if c > 1),
-            published_without_object=sum(1 for it in finals.values() if it.state in published and not by_key[it.key]),
-            crashes=crasher.count,
-            outcomes=dict(sorted(outcomes.items())),
             faults=dict(proxy.faults),
-            seconds=round(time.monotonic() - started, 2),
-            database="",
-            finished=finished,
-            parked_with_object=sum(1 for it in finals.values() if it.state in human_owned and by_key[it.key]),
             posts_on_server=len(posts),
             platform=f"json-server at {server.url} (through the fault proxy at {proxy.url}), profile {profile.source}",
         )
 
 
 def format_rest_result(r: RestDemoResult) -> str:
-    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the server's own count."""
-    # the sink's note on fenced writes does not apply here: json-server's lookup is not fenced
-    lines = [line for line in format_result(r).splitlines() if not line.lstrip().startswith("(faults before the write")]
-    pad = len(lines[0]) - len(str(r.intents))  # the value column of format_result's table
-    extra = [("posts json-server holds (its own collection)", r.posts_on_server), ("platform", r.platform)]
-    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("objects the platform created")), len(lines))
-    return "\n".join(lines[:at] + [f"{k:<{pad}}{v}" for k, v in extra] + lines[at:])
+    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the server's own count (json-server's
+    lookup is not fenced)."""
+    return format_platform_result(
+        r, [("posts json-server holds (its own collection)", r.posts_on_server), ("platform", r.platform)]
+    )

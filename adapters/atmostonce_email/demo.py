@@ -27,10 +27,17 @@ from pathlib import Path
 from typing import TextIO
 
 from atmostonce.identity import split_platform_idempotency_key
-from atmostonce.names import STATE
-from atmostonce.plugins import open_store
-from atmostonce.service import Outbox, OutboxReport
-from atmostonce_cli.demo import DemoResult, _Crasher, _progress, format_result
+from atmostonce.service import Outbox
+from atmostonce_cli.demo import (
+    DemoResult,
+    _Crasher,
+    _progress,
+    check_arguments,
+    format_platform_result,
+    open_empty_store,
+    platform_result,
+    run_outbox,
+)
 from atmostonce_http.profile import load_profile
 
 from .relay import SmtpFaultRelay
@@ -80,10 +87,7 @@ def run_email_demo(
     Raises ``ValueError`` for a bad argument or a non-empty database, :class:`MailServersUnavailable` when
     Postfix or Dovecot is not installed or this is not root, ``RuntimeError`` when they do not start.
     """
-    if n < 1 or workers < 1:
-        raise ValueError("need at least one intent and one worker")
-    if not 0.0 <= crash_rate <= 1.0:
-        raise ValueError("crash_rate is a probability between 0 and 1")
+    check_arguments(n, workers, crash_rate)
     if servers is None:
         reason = unavailable_reason()
         if reason is not None:
@@ -92,12 +96,9 @@ def run_email_demo(
     own_db = database_url is None
     if database_url is None:
         database_url = f"sqlite:///{tmp / 'demo.sqlite3'}"
-    store = open_store(database_url)
+    store = open_empty_store(database_url)
     started_servers: MailServers | None = None
     try:
-        existing = sum(store.count_by_state().values())
-        if existing:
-            raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
         started = time.monotonic()
         if servers is None:
             servers = started_servers = MailServers().start()
@@ -153,52 +154,32 @@ def _run(
                 store, transport, workers=workers, config=config, crash=crasher, seed=seed,
                 sweep_every=0.1, reconcile_every=0.2, poll_every=0.02,
             )  # fmt: skip
-            last = [0.0]
-
-            def on_tick(_report: OutboxReport) -> None:
-                if progress is not None and time.monotonic() - last[0] >= progress_every:
-                    _progress(progress, store.count_by_state(), time.monotonic() - started)
-                    last[0] = time.monotonic()
-
-            report = outbox.run(
-                until_idle=True, timeout=max(0.0, timeout - (time.monotonic() - started)), on_tick=on_tick
-            )
-            outcomes = (
-                report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
-            )
-            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
-            finished = all(c == 0 for s, c in store.count_by_state().items() if s in open_kinds)
+            settled = run_outbox(
+                outbox, store, started=started, timeout=max(0.0, timeout - (time.monotonic() - started)),
+                progress=progress, progress_every=progress_every,
+            )  # fmt: skip
             relay.clear()
         records = list(relay.records)
     servers.wait_for_empty_queue(timeout=30.0)  # a message Postfix queued is delivered before we count
-    counts = store.count_by_state()
     if progress is not None:
-        _progress(progress, counts, time.monotonic() - started, final=True)
+        _progress(progress, store.count_by_state(), time.monotonic() - started, final=True)
     census = servers.mailbox_census()  # the Maildir's own files, not through any transport of ours
     suffix = f"@{domain}>"
     by_key: Counter[str] = Counter()
     for message_id, count in census.items():
         if message_id.startswith("<") and message_id.endswith(suffix):
             by_key[split_platform_idempotency_key(message_id[1 : -len(suffix)])[0]] += count
-    finals = {k: store.get(k) for k in keys}
-    published = (STATE.published,)
-    human_owned = (STATE.parked,)
     faults = Counter(r.mode for r in records if r.mode != "pass")
-    return EmailDemoResult(
-        intents=len(keys),
-        by_state=counts,
-        creates=sum(by_key.values()),
+    return platform_result(
+        EmailDemoResult,
+        store,
+        keys,
+        by_key,
+        crasher=crasher,
+        settled=settled,
+        started=started,
         create_requests=sum(1 for r in records if r.payload_forwarded),
-        duplicates=sum(c - 1 for c in by_key.values() if c > 1),
-        duplicate_keys=sorted(k for k, c in by_key.items() if c > 1),
-        published_without_object=sum(1 for it in finals.values() if it.state in published and not by_key[it.key]),
-        crashes=crasher.count,
-        outcomes=dict(sorted(outcomes.items())),
         faults=dict(sorted(faults.items())),
-        seconds=round(time.monotonic() - started, 2),
-        database="",
-        finished=finished,
-        parked_with_object=sum(1 for it in finals.values() if it.state in human_owned and by_key[it.key]),
         messages_in_mailbox=sum(census.values()),
         smtp_sessions=len(records),
         platform=(
@@ -209,14 +190,13 @@ def _run(
 
 
 def format_email_result(r: EmailDemoResult) -> str:
-    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the mailbox's own count."""
-    # the sink's note on fenced writes does not apply here: the email lookup is not fenced
-    lines = [line for line in format_result(r).splitlines() if not line.lstrip().startswith("(faults before the write")]
-    pad = len(lines[0]) - len(str(r.intents))  # the value column of format_result's table
-    extra = [
-        ("messages in the Dovecot mailbox (by Message-ID)", r.messages_in_mailbox),
-        ("SMTP sessions through the relay", r.smtp_sessions),
-        ("platform", r.platform),
-    ]
-    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("objects the platform created")), len(lines))
-    return "\n".join(lines[:at] + [f"{k:<{pad}}{v}" for k, v in extra] + lines[at:])
+    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the mailbox's own count (the email
+    lookup is not fenced)."""
+    return format_platform_result(
+        r,
+        [
+            ("messages in the Dovecot mailbox (by Message-ID)", r.messages_in_mailbox),
+            ("SMTP sessions through the relay", r.smtp_sessions),
+            ("platform", r.platform),
+        ],
+    )

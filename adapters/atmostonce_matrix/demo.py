@@ -23,11 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from atmostonce.names import STATE
-from atmostonce.plugins import open_store
 from atmostonce.runtime import RuntimeConfig
-from atmostonce.service import Outbox, OutboxReport
-from atmostonce_cli.demo import DemoResult, _Crasher, _progress, format_result
+from atmostonce.service import Outbox
+from atmostonce_cli.demo import (
+    DemoResult,
+    _Crasher,
+    _progress,
+    check_arguments,
+    format_platform_result,
+    open_empty_store,
+    platform_result,
+    run_outbox,
+)
 from atmostonce_cli.urls import usable_url
 from atmostonce_http.profile import load_profile
 
@@ -87,19 +94,13 @@ def run_matrix_demo(
     Raises ``ValueError`` for a bad argument or a non-empty database,
     :class:`atmostonce_matrix.synapse.SynapseError` when Synapse cannot start.
     """
-    if n < 1 or workers < 1:
-        raise ValueError("need at least one intent and one worker")
-    if not 0.0 <= crash_rate <= 1.0:
-        raise ValueError("crash_rate is a probability between 0 and 1")
+    check_arguments(n, workers, crash_rate)
     tmp = Path(tempfile.mkdtemp(prefix="atmostonce-matrix-demo-"))
     if database_url is None:
         database_url = f"sqlite:///{tmp / 'demo.sqlite3'}"
-    store = open_store(database_url)
+    store = open_empty_store(database_url)
     hs: SynapseServer | None = None
     try:
-        existing = sum(store.count_by_state().values())
-        if existing:
-            raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
         started = time.monotonic()
         hs = homeserver if homeserver is not None else SynapseServer().start()
         password = uuid.uuid4().hex
@@ -150,49 +151,32 @@ def _run(
                 store, transport, workers=workers, config=config, crash=crasher, seed=seed,
                 sweep_every=0.1, reconcile_every=0.1, poll_every=0.02,
             )  # fmt: skip
-            last = [0.0]
-
-            def on_tick(_report: OutboxReport) -> None:
-                if progress is not None and time.monotonic() - last[0] >= progress_every:
-                    _progress(progress, store.count_by_state(), time.monotonic() - started)
-                    last[0] = time.monotonic()
-
-            report = outbox.run(
-                until_idle=True, timeout=max(0.0, timeout - (time.monotonic() - started)), on_tick=on_tick
-            )
-            outcomes = (
-                report.dispatched + report.waited + Counter({f"reconcile:{k}": v for k, v in report.reconciled.items()})
-            )
-            open_kinds = (STATE.pending, STATE.authorized, STATE.indeterminate, STATE.failed)
-            finished = all(n == 0 for s, n in store.count_by_state().items() if s in open_kinds)
+            settled = run_outbox(
+                outbox, store, started=started, timeout=max(0.0, timeout - (time.monotonic() - started)),
+                progress=progress, progress_every=progress_every,
+            )  # fmt: skip
             proxy.clear()
             proxy.wait_idle(timeout=delay_seconds + 10)  # a delayed send still in the proxy lands before we count
             device_id = transport.device_id
-        counts = store.count_by_state()
         if progress is not None:
-            _progress(progress, counts, time.monotonic() - started)
+            _progress(progress, store.count_by_state(), time.monotonic() - started)
         events = hs.room_messages(token, room)
         by_key = Counter(e["content"].get(KEY_FIELD) for e in events if KEY_FIELD in e.get("content", {}))
-        finals = {k: store.get(k) for k in keys}
 
         def on_room(it) -> bool:
             return by_key.get(it.key, 0) > 0 or any(k.startswith(it.key + ".r") for k in by_key)
 
-        return MatrixDemoResult(
-            intents=len(keys),
-            by_state=counts,
-            creates=sum(by_key.values()),
+        return platform_result(
+            MatrixDemoResult,
+            store,
+            keys,
+            by_key,
+            crasher=crasher,
+            settled=settled,
+            started=started,
+            holds=on_room,
             create_requests=sum(1 for r in proxy.records if r.request_line.startswith("PUT ")),
-            duplicates=sum(c - 1 for c in by_key.values() if c > 1),
-            duplicate_keys=sorted(k for k, c in by_key.items() if c > 1),
-            published_without_object=sum(1 for it in finals.values() if it.state == "published" and not on_room(it)),
-            crashes=crasher.count,
-            outcomes=dict(sorted(outcomes.items())),
             faults=dict(proxy.faults),
-            seconds=round(time.monotonic() - started, 2),
-            database="",
-            finished=finished,
-            parked_with_object=sum(1 for it in finals.values() if it.state == "parked" and on_room(it)),
             events_in_room=len(events),
             homeserver=f"Synapse at {hs.url} (through the fault proxy)",
             room_id=room,
@@ -201,15 +185,14 @@ def _run(
 
 
 def format_matrix_result(r: MatrixDemoResult) -> str:
-    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the room's own count."""
-    # the sink's note on fenced writes does not apply here: this lookup is not fenced
-    lines = [line for line in format_result(r).splitlines() if not line.lstrip().startswith("(faults before the write")]
-    pad = len(lines[0]) - len(str(r.intents))  # the value column of format_result's table
-    extra = [
-        ("events in the Matrix room (m.room.message)", r.events_in_room),
-        ("homeserver", r.homeserver),
-        ("room", r.room_id),
-        ("publisher device", r.device_id),
-    ]
-    at = next((i + 1 for i, line in enumerate(lines) if line.startswith("objects the platform created")), len(lines))
-    return "\n".join(lines[:at] + [f"{k:<{pad}}{v}" for k, v in extra] + lines[at:])
+    """The CLI summary: :func:`atmostonce_cli.demo.format_result` plus the room's own count (the history
+    lookup is not fenced)."""
+    return format_platform_result(
+        r,
+        [
+            ("events in the Matrix room (m.room.message)", r.events_in_room),
+            ("homeserver", r.homeserver),
+            ("room", r.room_id),
+            ("publisher device", r.device_id),
+        ],
+    )
