@@ -14,15 +14,15 @@ Errors: :class:`EmailOutcomeTableError` (a ``ValueError``) for a missing or inco
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from atmostonce.table import TableError, spec_dir, table
+from atmostonce.table import table
 from atmostonce.transport import NotSent, Sent, Unknown
+from atmostonce_http.classify import read_toml, spec_file
 
 __all__ = [
     "ERROR_KINDS",
@@ -173,22 +173,13 @@ def parse_email_outcomes(raw: Mapping[str, Any]) -> EmailOutcomeTable:
 
 def email_outcomes_path() -> Path:
     """Where ``email_outcomes.toml`` is: beside ``table.toml`` (the wheel's ``_spec`` or the repo's ``spec/``)."""
-    try:
-        return spec_dir() / "email_outcomes.toml"
-    except TableError as exc:
-        raise EmailOutcomeTableError(str(exc)) from exc
+    return spec_file("email_outcomes.toml", EmailOutcomeTableError)
 
 
 def load_email_outcomes(path: str | Path | None = None) -> EmailOutcomeTable:
     """Read and validate the table at ``path`` (default :func:`email_outcomes_path`)."""
     p = Path(path) if path is not None else email_outcomes_path()
-    try:
-        raw = tomllib.loads(p.read_text("utf-8"))
-    except FileNotFoundError as exc:
-        raise EmailOutcomeTableError(f"{p} not found") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise EmailOutcomeTableError(f"{p} is not valid TOML: {exc}") from exc
-    return parse_email_outcomes(raw)
+    return parse_email_outcomes(read_toml(p, EmailOutcomeTableError))
 
 
 @functools.cache

@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import functools
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from atmostonce.table import TableError, spec_dir, table
+from atmostonce.table import table
 from atmostonce.transport import NotSent, Unknown
+from atmostonce_http.classify import read_toml, spec_file
 
 __all__ = [
     "CATCH_ALL",
@@ -239,22 +239,13 @@ def parse_exception_table(raw: Mapping[str, Any]) -> ExceptionTable:
 
 def exception_outcomes_path() -> Path:
     """Where ``exception_outcomes.toml`` is: beside ``table.toml`` in the wheel's ``_spec`` or the repo's ``spec/``."""
-    try:
-        return spec_dir() / "exception_outcomes.toml"
-    except TableError as exc:
-        raise ExceptionTableError(str(exc)) from exc
+    return spec_file("exception_outcomes.toml", ExceptionTableError)
 
 
 def load_exception_table(path: str | Path | None = None) -> ExceptionTable:
     """Read and validate the table at ``path`` (default: the shipped one). Raises :class:`ExceptionTableError`."""
     p = Path(path) if path is not None else exception_outcomes_path()
-    try:
-        raw = tomllib.loads(p.read_text("utf-8"))
-    except FileNotFoundError as exc:
-        raise ExceptionTableError(f"{p} not found") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ExceptionTableError(f"{p} is not valid TOML: {exc}") from exc
-    return parse_exception_table(raw)
+    return parse_exception_table(read_toml(p, ExceptionTableError))
 
 
 @functools.cache

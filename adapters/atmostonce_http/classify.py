@@ -186,14 +186,20 @@ def _connect_cause(exc: BaseException) -> str:
     return "connect_error"
 
 
-def outcomes_path() -> Path:
-    """Where ``http_outcomes.toml`` is: beside ``table.toml`` in the wheel's ``_spec`` or the repo's ``spec/``."""
+def spec_file(name: str, error: type[ValueError] = OutcomeTableError) -> Path:
+    """Where the classification table ``name`` is: beside ``table.toml`` in the wheel's ``_spec`` or the repo's
+    ``spec/``; raises ``error`` when neither holds the table. Shared by every transport's outcome table."""
     from atmostonce.table import TableError, spec_dir
 
     try:
-        return spec_dir() / "http_outcomes.toml"
+        return spec_dir() / name
     except TableError as exc:
-        raise OutcomeTableError(str(exc)) from exc
+        raise error(str(exc)) from exc
+
+
+def outcomes_path() -> Path:
+    """Where ``http_outcomes.toml`` is: beside ``table.toml`` in the wheel's ``_spec`` or the repo's ``spec/``."""
+    return spec_file("http_outcomes.toml")
 
 
 def _outcome(value: Any, where: str) -> str:
@@ -265,14 +271,14 @@ def parse_outcome_table(raw: Mapping[str, Any]) -> OutcomeTable:
     return OutcomeTable(MappingProxyType(errors), statuses, default)
 
 
-def read_toml(p: Path) -> dict[str, Any]:
-    """Parse a classification table file; raises :class:`OutcomeTableError` when missing or not TOML."""
+def read_toml(p: Path, error: type[ValueError] = OutcomeTableError) -> dict[str, Any]:
+    """Parse a classification table file; raises ``error`` when it is missing or not TOML."""
     try:
         return tomllib.loads(p.read_text("utf-8"))
     except FileNotFoundError as exc:
-        raise OutcomeTableError(f"{p} not found") from exc
+        raise error(f"{p} not found") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise OutcomeTableError(f"{p} is not valid TOML: {exc}") from exc
+        raise error(f"{p} is not valid TOML: {exc}") from exc
 
 
 def load_outcome_table(path: str | Path | None = None) -> OutcomeTable:

@@ -40,6 +40,7 @@ from atmostonce_http.classify import (
     error_kind,
     parse_outcome_table,
     read_toml,
+    spec_file,
 )
 
 __all__ = [
@@ -98,12 +99,7 @@ class MatrixOutcomeTable:
 
 def matrix_outcomes_path() -> Path:
     """Where ``matrix_outcomes.toml`` is: beside ``table.toml`` (the wheel's ``_spec`` or the repo's ``spec/``)."""
-    from atmostonce.table import TableError, spec_dir
-
-    try:
-        return spec_dir() / "matrix_outcomes.toml"
-    except TableError as exc:
-        raise OutcomeTableError(str(exc)) from exc
+    return spec_file("matrix_outcomes.toml")
 
 
 def _errcode_row(raw: Any, i: int) -> ErrcodeRow:
