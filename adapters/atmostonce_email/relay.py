@@ -25,12 +25,13 @@ final reply code, the ``Message-ID`` seen in the payload).
 from __future__ import annotations
 
 import contextlib
-import random
 import re
 import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from atmostonce_http.faultrelay import Closed, FaultRelay, recv_until
 
 __all__ = ["MODES", "RelayRecord", "SmtpFaultRelay"]
 
@@ -53,29 +54,15 @@ class RelayRecord:
     error: str | None = None
 
 
-class _Closed(Exception):
-    pass
-
-
 class _Reader:
     def __init__(self, sock: socket.socket):
         self.sock, self.buf = sock, bytearray()
 
     def until(self, marker: bytes, limit: int) -> bytes:
-        start = 0
-        while True:
-            i = self.buf.find(marker, start)
-            if i >= 0:
-                out = bytes(self.buf[: i + len(marker)])
-                del self.buf[: i + len(marker)]
-                return out
-            if len(self.buf) > limit:
-                raise _Closed("line too long")
-            start = max(0, len(self.buf) - len(marker) + 1)
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise _Closed("peer closed")
-            self.buf += chunk
+        end = recv_until(self.sock, self.buf, marker, limit)
+        out = bytes(self.buf[:end])
+        del self.buf[:end]
+        return out
 
     def reply(self) -> tuple[int, bytes]:
         """One (possibly multi-line) SMTP reply: its code and its raw bytes."""
@@ -90,70 +77,22 @@ class _Reader:
                     return 0, raw
 
 
-def _close(sock: socket.socket | None) -> None:
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
+class SmtpFaultRelay(FaultRelay):
+    """Listens on ``host`` (127.0.0.1, an unused port) and relays to ``upstream``; a context manager."""
 
-
-class SmtpFaultRelay:
-    """Listens on ``host`` (127.0.0.1, an unused port by default) and relays to ``upstream``; a context manager."""
+    _thread_name = "smtp-fault-relay"
 
     def __init__(self, upstream_host: str, upstream_port: int, *, host: str = "127.0.0.1", io_timeout: float = 30.0):
-        self.upstream = (upstream_host, upstream_port)
-        self.host = host
-        self.io_timeout = io_timeout
+        super().__init__(upstream_host, upstream_port, host=host, io_timeout=io_timeout)
         self.records: list[RelayRecord] = []
         self._plans: list[str] = []
-        self._mix: list[tuple[str, float]] = []
-        self._rng = random.Random(0)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._listener: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._conns: set[socket.socket] = set()
         self._handlers: list[threading.Thread] = []
 
-    @property
-    def port(self) -> int:
-        if self._listener is None:
-            raise RuntimeError("the relay is not started")
-        return self._listener.getsockname()[1]
-
-    def start(self) -> SmtpFaultRelay:
-        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        ls.bind((self.host, 0))
-        ls.listen(64)
-        ls.settimeout(0.1)
-        self._listener = ls
-        self._thread = threading.Thread(target=self._accept_loop, name="smtp-fault-relay", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop accepting, drop live connections, join the threads. Idempotent."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.close()
+    def _closed(self) -> None:
         with self._lock:
-            conns, handlers = list(self._conns), list(self._handlers)
-        for c in conns:
-            _close(c)
+            handlers = list(self._handlers)
         for t in handlers:
             t.join(timeout=5)
-
-    def __enter__(self) -> SmtpFaultRelay:
-        return self.start() if self._listener is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def plan(self, mode: str) -> None:
         """Queue ``mode`` for the next connection."""
@@ -167,10 +106,7 @@ class SmtpFaultRelay:
         for mode, p in mix.items():
             if mode not in MODES or not 0 <= p <= 1:
                 raise ValueError(f"bad fault mix entry {mode!r}: {p!r}")
-        if sum(mix.values()) > 1 + 1e-9:
-            raise ValueError("fault probabilities add up to more than 1")
-        with self._lock:
-            self._mix, self._rng = list(mix.items()), random.Random(seed)
+        self._set_mix(mix, seed)
 
     def clear(self) -> None:
         with self._lock:
@@ -181,49 +117,29 @@ class SmtpFaultRelay:
         with self._lock:
             if self._plans:
                 return self._plans.pop(0)
-            if self._mix:
-                x = self._rng.random()
-                for mode, p in self._mix:
-                    if x < p:
-                        return mode
-                    x -= p
-        return "pass"
+            return self._draw() or "pass"
 
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            record = RelayRecord(self._choose())
-            t = threading.Thread(target=self._handle, args=(client, record), name="smtp-relay-conn", daemon=True)
-            with self._lock:
-                self.records.append(record)
-                self._conns.add(client)
-                self._handlers.append(t)
-            t.start()
+    def _accepted(self, client: socket.socket) -> None:
+        record = RelayRecord(self._choose())
+        t = threading.Thread(target=self._handle, args=(client, record), name="smtp-relay-conn", daemon=True)
+        with self._lock:
+            self.records.append(record)
+            self._conns.add(client)
+            self._handlers.append(t)
+        t.start()
 
     def _handle(self, client: socket.socket, record: RelayRecord) -> None:
         up: socket.socket | None = None
         try:
             client.settimeout(self.io_timeout)
-            up = socket.create_connection(self.upstream, timeout=self.io_timeout)
-            with self._lock:
-                self._conns.add(up)
+            up = self._connect_upstream()
             self._session(client, up, record)
-        except (_Closed, OSError) as exc:
+        except (Closed, OSError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
         finally:
             record.done = True
-            _close(client)
-            _close(up)
             with self._lock:
-                self._conns.discard(client)
-                if up is not None:
-                    self._conns.discard(up)
+                self._forget(client, up)
 
     def _session(self, client: socket.socket, up: socket.socket, record: RelayRecord) -> None:
         cr, ur = _Reader(client), _Reader(up)

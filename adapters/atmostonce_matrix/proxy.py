@@ -42,7 +42,6 @@ Use::
 from __future__ import annotations
 
 import contextlib
-import random
 import selectors
 import socket
 import struct
@@ -51,6 +50,8 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from atmostonce_http.faultrelay import Closed, FaultRelay, close_socket, recv_until
 
 __all__ = ["MODES", "FaultProxy", "Plan", "ProxyRecord"]
 
@@ -87,28 +88,6 @@ class ProxyRecord:
     started: float = field(default_factory=time.monotonic)
 
 
-class _Closed(Exception):
-    pass
-
-
-def _recv_until(sock: socket.socket, buf: bytearray, marker: bytes, limit: int, start: int = 0) -> int:
-    """Read into ``buf`` until ``marker`` occurs at or after ``start``; returns the index just past it.
-
-    Raises :class:`_Closed` when the peer closes first or ``buf`` outgrows ``limit``.
-    """
-    while True:
-        i = buf.find(marker, start)
-        if i >= 0:
-            return i + len(marker)
-        if len(buf) > limit:
-            raise _Closed("head too large")
-        start = max(start, len(buf) - len(marker) + 1)
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise _Closed("peer closed")
-        buf += chunk
-
-
 def _headers(head: bytes) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in head.split(b"\r\n")[1:]:
@@ -120,16 +99,16 @@ def _headers(head: bytes) -> dict[str, str]:
 
 def _read_message(sock: socket.socket, buf: bytearray) -> bytes:
     """One complete HTTP/1.1 message (head plus a Content-Length or chunked body) from ``sock``."""
-    end = _recv_until(sock, buf, b"\r\n\r\n", _MAX_HEAD)
+    end = recv_until(sock, buf, b"\r\n\r\n", _MAX_HEAD)
     headers = _headers(bytes(buf[:end]))
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        total = _recv_until(sock, buf, b"0\r\n\r\n", 64 * 1024 * 1024, start=end)  # the last chunk, no trailers
+        total = recv_until(sock, buf, b"0\r\n\r\n", 64 * 1024 * 1024, start=end)  # the last chunk, no trailers
     else:
         total = end + int(headers.get("content-length", "0") or 0)
         while len(buf) < total:
             chunk = sock.recv(65536)
             if not chunk:
-                raise _Closed("peer closed mid-body")
+                raise Closed("peer closed mid-body")
             buf += chunk
     message = bytes(buf[:total])
     del buf[:total]
@@ -144,16 +123,7 @@ def _reset(sock: socket.socket) -> None:
         sock.close()
 
 
-def _close(sock: socket.socket | None) -> None:
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
-
-
-class FaultProxy:
+class FaultProxy(FaultRelay):
     """See the module docstring. ``delay_seconds``: default hold for ``delay`` plans;
     ``io_timeout``: seconds any single socket read may block before the connection is dropped."""
 
@@ -167,67 +137,27 @@ class FaultProxy:
         delay_seconds: float = 2.0,
         io_timeout: float = 30.0,
     ):
-        self.upstream = (upstream_host, upstream_port)
-        self.host, self._port = host, port
+        super().__init__(upstream_host, upstream_port, host=host, port=port, io_timeout=io_timeout)
         self.delay_seconds = delay_seconds
-        self.io_timeout = io_timeout
         self.records: list[ProxyRecord] = []
         self.faults: Counter[str] = Counter()
         self._plans: list[Plan] = []
-        self._mix: list[tuple[str, float]] = []
-        self._mix_match: str | None = None
-        self._rng = random.Random(0)
-        self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._active = 0
         self._releases = 0
-        self._stop = threading.Event()
-        self._listener: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._conns: set[socket.socket] = set()
 
     # ---------------------------------------------------------------- lifecycle
-    @property
-    def port(self) -> int:
-        if self._listener is None:
-            raise RuntimeError("the proxy is not started")
-        return self._listener.getsockname()[1]
+    _kind = "proxy"
+    _thread_name = "fault-proxy"
+    _backlog = 128
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> FaultProxy:
-        ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        ls.bind((self.host, self._port))
-        ls.listen(128)
-        ls.settimeout(0.1)
-        self._listener = ls
-        self._thread = threading.Thread(target=self._accept_loop, name="fault-proxy", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop accepting, drop live connections, and join the accept thread. Idempotent."""
-        self._stop.set()
+    def _stopping(self) -> None:
         with self._idle:
             self._idle.notify_all()  # held requests give up
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.close()
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            _close(c)
-
-    def __enter__(self) -> FaultProxy:
-        return self.start() if self._listener is None else self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ---------------------------------------------------------------- plans
     def plan(self, mode: str, *, match: str | None = None, seconds: float | None = None) -> None:
@@ -243,12 +173,7 @@ class FaultProxy:
             Plan(mode)
             if not 0 <= p <= 1:
                 raise ValueError(f"probability for {mode!r} must be in [0, 1]")
-        if sum(mix.values()) > 1 + 1e-9:
-            raise ValueError("fault probabilities add up to more than 1")
-        with self._lock:
-            self._mix = list(mix.items())
-            self._mix_match = match
-            self._rng = random.Random(seed)
+        self._set_mix(mix, seed, match)
 
     def clear(self) -> None:
         """Forget queued plans and the fault mix."""
@@ -266,13 +191,7 @@ class FaultProxy:
             for i, p in enumerate(self._plans):
                 if p.match is None or p.match in request_line:
                     return self._plans.pop(i)
-            if self._mix and (self._mix_match is None or self._mix_match in request_line):
-                x = self._rng.random()
-                for mode, prob in self._mix:
-                    if x < prob:
-                        return Plan(mode)
-                    x -= prob
-        return Plan("pass")
+            return Plan(self._draw(request_line) or "pass")
 
     def release(self) -> None:
         """Let every request held by a ``delay`` plan go on now (held ones only; later plans hold again)."""
@@ -302,25 +221,11 @@ class FaultProxy:
         return True
 
     # ---------------------------------------------------------------- relay
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                self._active += 1
-                self._conns.add(client)
-            threading.Thread(target=self._handle, args=(client,), name="fault-proxy-conn", daemon=True).start()
-
-    def _connect_upstream(self) -> socket.socket:
-        up = socket.create_connection(self.upstream, timeout=self.io_timeout)
+    def _accepted(self, client: socket.socket) -> None:
         with self._lock:
-            self._conns.add(up)
-        return up
+            self._active += 1
+            self._conns.add(client)
+        threading.Thread(target=self._handle, args=(client,), name="fault-proxy-conn", daemon=True).start()
 
     def _handle(self, client: socket.socket) -> None:
         up: socket.socket | None = None
@@ -328,7 +233,7 @@ class FaultProxy:
         try:
             client.settimeout(self.io_timeout)
             buf = bytearray()
-            head_end = _recv_until(client, buf, b"\r\n\r\n", _MAX_HEAD)
+            head_end = recv_until(client, buf, b"\r\n\r\n", _MAX_HEAD)
             request_line = bytes(buf[: buf.find(b"\r\n")]).decode("latin-1")
             plan = self._choose(request_line)
             record = ProxyRecord(request_line, plan.mode)
@@ -351,7 +256,7 @@ class FaultProxy:
                 return
             request = _read_message(client, buf)
             if plan.mode == "drop_before_forward":
-                _close(client)
+                close_socket(client)
                 return
             if plan.mode == "delay":
                 self._hold(plan.seconds if plan.seconds is not None else self.delay_seconds)
@@ -365,7 +270,7 @@ class FaultProxy:
             status_line = response[: response.find(b"\r\n")].split()
             record.upstream_status = int(status_line[1]) if len(status_line) > 1 else None
             if plan.mode == "drop_after_forward":
-                _close(client)
+                close_socket(client)
             elif plan.mode == "gateway_error":
                 body = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
                 head = b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nConnection: close\r\n"
@@ -376,18 +281,14 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     client.sendall(response)
                     record.relayed = True
-        except (_Closed, OSError) as exc:
+        except (Closed, OSError) as exc:
             if record is not None:
                 record.error = f"{type(exc).__name__}: {exc}"
         finally:
             if record is not None:
                 record.done = True
-            _close(client)
-            _close(up)
             with self._idle:
-                self._conns.discard(client)
-                if up is not None:
-                    self._conns.discard(up)
+                self._forget(client, up)
                 self._active -= 1
                 self._idle.notify_all()
 
