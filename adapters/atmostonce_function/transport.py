@@ -28,7 +28,7 @@ from typing import Any
 
 from atmostonce.errors import AtMostOnceError
 from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
-from atmostonce.projection import Comparison, check_projection, compare
+from atmostonce.projection import Comparison, check_projection
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -42,6 +42,7 @@ from atmostonce.transport import (
     Unsupported,
     WireRequest,
 )
+from atmostonce_http.transport import compare_approved
 
 from .classify import ExceptionTable, exception_table
 
@@ -197,10 +198,7 @@ class FunctionTransport:
     def compare(self, request: WireRequest, found: Found) -> Comparison:
         """Compare ``found.body`` with what was approved (the request body; for a correction, the corrected
         body) over ``projection``. Fields the platform adds are never a mismatch."""
-        sent = request.body.get("correction") if request.action == "correct" else request.body
-        if not isinstance(sent, Mapping):
-            return Comparison(False, "", {}, {})
-        return compare(sent, found.body, self.projection)
+        return compare_approved(request, found, self.projection)
 
     def matches(self, request: WireRequest, found: Found) -> bool:
         return self.compare(request, found).match

@@ -32,7 +32,7 @@ import httpx
 
 from atmostonce.errors import AtMostOnceError
 from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
-from atmostonce.projection import Comparison, check_projection, compare
+from atmostonce.projection import Comparison, Projection, check_projection, compare
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -58,6 +58,16 @@ _METHODS = ("POST", "PUT", "PATCH")
 _FRAMING = frozenset(
     {"content-length", "transfer-encoding", "host", "connection", "keep-alive", "te", "trailer", "upgrade"}
 )
+
+
+def compare_approved(request: WireRequest, found: Found, projection: Projection) -> Comparison:
+    """Compare ``found.body`` with what was approved for ``request`` (its body; for a correction, the corrected
+    body) over ``projection``; a correction without a corrected object is a mismatch. Shared by the transports
+    whose read-back compares bodies."""
+    sent = request.body.get("correction") if request.action == "correct" else request.body
+    if not isinstance(sent, Mapping):
+        return Comparison(False, "", {}, {})
+    return compare(sent, found.body, projection)
 
 
 class HttpTransportError(AtMostOnceError):
@@ -489,12 +499,7 @@ class _HttpCore:
         """Compare ``found.body`` with what was approved for ``request`` (its body; for a correction, the
         corrected body) over the config's ``projection`` (``atmostonce.projection.compare``). Fields the
         platform adds are ignored; so is the idempotency key at ``key_field``."""
-        sent: Mapping[str, Any] | None = request.body
-        if request.action == "correct":
-            sent = request.body.get("correction")
-        if not isinstance(sent, Mapping):
-            return Comparison(False, "", {}, {})
-        return compare(sent, found.body, self.config.projection)
+        return compare_approved(request, found, self.config.projection)
 
     def matches(self, request: WireRequest, found: Found) -> bool:
         """Whether the read-back confirms ``request``: :meth:`compare` found every projected field equal."""
