@@ -122,22 +122,16 @@ def normalize_text(text: str, version: int | None = None) -> str:
     version = NORMALIZER_VERSION if version is None else version
     fn = NORMALIZERS.get(version)
     if fn is None:
-        raise IdentityError(
-            f"unknown normalizer version {version}", code=IdentityCode.UNKNOWN_VERSION, field="version"
-        )
+        raise IdentityError(f"unknown normalizer version {version}", code=IdentityCode.UNKNOWN_VERSION, field="version")
     if not isinstance(text, str):
-        raise IdentityError(
-            f"text must be str, not {type(text).__name__}", code=IdentityCode.NOT_STRING, field="text"
-        )
+        raise IdentityError(f"text must be str, not {type(text).__name__}", code=IdentityCode.NOT_STRING, field="text")
     _check_text(text, "text")
     return fn(text)
 
 
 def _normalize_v1(text: str) -> str:
     if not isinstance(text, str):
-        raise IdentityError(
-            f"text must be str, not {type(text).__name__}", code=IdentityCode.NOT_STRING, field="text"
-        )
+        raise IdentityError(f"text must be str, not {type(text).__name__}", code=IdentityCode.NOT_STRING, field="text")
     _check_text(text, "text")
     t = unicodedata.normalize("NFC", text)
     t = _INVISIBLE.sub("", t)
