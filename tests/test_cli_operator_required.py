@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from atmostonce import IntakeCode
+from atmostonce.records import MAX_TEXT_CHARS
 from atmostonce_cli.main import EXIT_OK, EXIT_USAGE, main
 from atmostonce_sql import open_store
 from tests.helpers import to_state
@@ -59,7 +61,8 @@ def test_a_blank_operator_is_refused_and_writes_nothing(capsys, db, name, blank)
     url, store, published = db
     argv = _commands(published.key)[name]
     rc, out, _ = run(capsys, "--json", *argv, "--operator", blank, "--database-url", url)
-    assert rc == EXIT_USAGE and "operator" in json.loads(out)["error"]
+    doc = json.loads(out)
+    assert rc == EXIT_USAGE and (doc["field"], doc["code"], doc["limit"]) == ("operator", IntakeCode.EMPTY, None)
     assert len(store.list_intents(limit=1000)) == 1
     with store.engine.connect() as conn:  # no policy row was written either
         for table in ("aom_rate_limits", "aom_credentials", "aom_contracts"):
@@ -91,3 +94,13 @@ def test_rate_limit_clear_reports_the_limit_cleared(capsys, db):
     it = store.submit("acct", "post", "room-x", {"text": "after clear"})
     store.authorize_dispatch(store.begin(it.key), request_digest=it.request_digest)
     assert not store.rate_limited("acct")
+
+
+def test_an_operator_name_over_the_limit_is_refused_with_the_limit_in_the_json_error(capsys, db):
+    url, store, published = db
+    rc, out, _ = run(
+        capsys, "--json", "policy", "rate-limit", "acct", "3", "--operator", "o" * 100_000, "--database-url", url
+    )
+    doc = json.loads(out)
+    assert rc == EXIT_USAGE and (doc["field"], doc["code"]) == ("operator", IntakeCode.TOO_LONG)
+    assert doc["limit"] == MAX_TEXT_CHARS

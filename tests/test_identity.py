@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from atmostonce.errors import IdentityCode
 from atmostonce.identity import (
     NORMALIZER_VERSION,
     IdentityError,
@@ -75,8 +76,9 @@ def test_values_without_canonical_form_are_refused(bad):
 def test_normalizer_is_versioned_and_rules_are_documented():
     assert NORMALIZER_VERSION == 1
     assert normalize_text("  a\t b  \n\n\n\nc \r\n") == "a b\n\nc"
-    with pytest.raises(IdentityError):
+    with pytest.raises(IdentityError) as e:
         normalize_text("x", version=2)
+    assert e.value.code == IdentityCode.UNKNOWN_VERSION
 
 
 def test_raw_digest_is_forensic_only_and_differs_from_source_version():
@@ -212,7 +214,9 @@ def test_a_first_send_carries_the_bare_delivery_key():
 @pytest.mark.parametrize("epoch", [-1, 1.5, "1", True, None])
 @pytest.mark.parametrize("which", ["resend_epoch", "fence_epoch"])
 def test_a_platform_key_refuses_an_epoch_that_is_not_a_non_negative_integer(which, epoch):
+    from atmostonce.errors import IdentityCode
     from atmostonce.identity import IdentityError, platform_idempotency_key
 
-    with pytest.raises(IdentityError):
+    with pytest.raises(IdentityError) as e:
         platform_idempotency_key("d" * 64, **{which: epoch})
+    assert (e.value.code, e.value.field) == (IdentityCode.NOT_EPOCH, which)

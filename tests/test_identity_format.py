@@ -17,6 +17,7 @@ import pytest
 import rfc8785
 
 import atmostonce.identity as ident
+from atmostonce.errors import IdentityCode
 from atmostonce.identity import (
     IdentityError,
     attempt_token,
@@ -86,13 +87,21 @@ def test_text_digest_and_source_version_use_the_version_they_are_given(normalize
     ],
 )
 def test_an_empty_part_is_refused_with_its_name(call, name):
-    with pytest.raises(IdentityError, match=f"^{name} must be a non-empty string$"):
+    with pytest.raises(IdentityError) as e:
         call()
+    assert (e.value.code, e.value.field) == (IdentityCode.EMPTY, name)
+
+
+def test_a_part_that_is_not_text_is_refused_naming_the_part():
+    with pytest.raises(IdentityError) as e:
+        delivery_key("a", "post", 7, {})  # type: ignore[arg-type]
+    assert (e.value.code, e.value.field) == (IdentityCode.NOT_STRING, "target")
 
 
 def test_a_nul_byte_in_a_part_is_refused_naming_the_part():
-    with pytest.raises(IdentityError, match="^source_id contains a NUL byte$"):
+    with pytest.raises(IdentityError) as e:
         source_version("s\x00", "body")
+    assert e.value.as_dict() == {"code": IdentityCode.NUL_BYTE, "field": "source_id"}
 
 
 def test_canonical_json_round_trips_integers_as_integers():
@@ -135,31 +144,33 @@ def test_visible_text_decodes_character_references():
 
 
 @pytest.mark.parametrize(
-    ("call", "message"),
+    ("call", "code", "field"),
     [
-        (lambda: ident.normalize_text("a\x00b"), "text contains a NUL byte"),
-        (lambda: ident.normalize_text("ab\udc80"), "text contains a lone surrogate at index 2"),
-        (lambda: ident.normalize_text(12), "text must be str, not int"),
-        (lambda: ident.normalize_text("x", version=7), "unknown normalizer version 7"),
-        (lambda: text_digest("x", version=7), "unknown normalizer version 7"),
-        (lambda: canonical_json({"v": float("nan")}), "$.v: NaN and infinities have no canonical JSON form"),
-        (lambda: canonical_json([float("-inf")]), "$[0]: NaN and infinities have no canonical JSON form"),
+        (lambda: ident.normalize_text("a\x00b"), IdentityCode.NUL_BYTE, "text"),
+        (lambda: ident.normalize_text("ab\udc80"), IdentityCode.LONE_SURROGATE, "text"),
+        (lambda: ident.normalize_text(12), IdentityCode.NOT_STRING, "text"),
+        (lambda: ident.normalize_text("x", version=7), IdentityCode.UNKNOWN_VERSION, "version"),
+        (lambda: text_digest("x", version=7), IdentityCode.UNKNOWN_VERSION, "version"),
+        (lambda: canonical_json({"v": float("nan")}), IdentityCode.NOT_FINITE, "$.v"),
+        (lambda: canonical_json([float("-inf")]), IdentityCode.NOT_FINITE, "$[0]"),
     ],
 )
-def test_refusals_say_what_is_wrong_and_where(call, message):
+def test_refusals_say_what_is_wrong_and_where(call, code, field):
     with pytest.raises(IdentityError) as e:
         call()
-    assert str(e.value) == message
+    assert (e.value.code, e.value.field) == (code, field)
 
 
 def test_a_registered_normalizer_checks_its_input_itself():
     # NORMALIZERS is public (``prepare_submission`` calls every version); each entry refuses what
     # normalize_text would, when called directly
     v1 = ident.NORMALIZERS[1]
-    with pytest.raises(IdentityError, match="^text must be str, not bytes$"):
+    with pytest.raises(IdentityError) as e:
         v1(b"x")
-    with pytest.raises(IdentityError, match="^text contains a NUL byte$"):
+    assert e.value.code == IdentityCode.NOT_STRING
+    with pytest.raises(IdentityError) as e:
         v1("\x00")
+    assert e.value.code == IdentityCode.NUL_BYTE
 
 
 def test_a_lone_carriage_return_becomes_a_line_feed():
@@ -174,25 +185,25 @@ def _deep(n):
 
 
 @pytest.mark.parametrize(
-    ("value", "message"),
+    ("value", "code", "field"),
     [
-        ({1: "x"}, "$: object keys must be strings, got int"),
-        ({"a": {"b\x00": 1}}, "$.a key contains a NUL byte"),
-        ({"a": ["ok", "no\x00"]}, "$.a[1] contains a NUL byte"),
-        ({"a": [{"s": {1, 2}}]}, "$.a[0].s: set is not JSON-serializable"),
-        ({"f": [1.5, float("inf")]}, "$.f[1]: NaN and infinities have no canonical JSON form"),
+        ({1: "x"}, IdentityCode.KEY_NOT_STRING, "$"),
+        ({"a": {"b\x00": 1}}, IdentityCode.NUL_BYTE, "$.a key"),
+        ({"a": ["ok", "no\x00"]}, IdentityCode.NUL_BYTE, "$.a[1]"),
+        ({"a": [{"s": {1, 2}}]}, IdentityCode.NOT_JSON, "$.a[0].s"),
+        ({"f": [1.5, float("inf")]}, IdentityCode.NOT_FINITE, "$.f[1]"),
     ],
 )
-def test_canonical_json_refusals_name_the_path_to_the_bad_value(value, message):
+def test_canonical_json_refusals_name_the_path_to_the_bad_value(value, code, field):
     with pytest.raises(IdentityError) as e:
         canonical_json(value)
-    assert str(e.value) == message
+    assert (e.value.code, e.value.field) == (code, field)
 
 
 def test_too_deep_and_out_of_range_values_are_refused_with_their_reason():
     with pytest.raises(IdentityError) as e:
         canonical_json(_deep(100_000))
-    assert str(e.value) == "value is nested too deeply"
+    assert (e.value.code, e.value.field) == (IdentityCode.TOO_DEEP, None)
     with pytest.raises(IdentityError) as e:
         canonical_json({"n": 2**64})  # RFC 8785 numbers are IEEE doubles; this integer has no exact form
-    assert str(e.value).startswith("no canonical JSON form: ")
+    assert (e.value.code, e.value.field) == (IdentityCode.NOT_CANONICAL, None)

@@ -367,7 +367,8 @@ def test_capture_source_names_each_bad_argument_and_takes_a_2048_character_id(an
     assert refusal(s.capture_source, "s" * 2049, "x") == ("source id", C.TOO_LONG, 2048)
     assert s.capture_source("s" * 2048, "x").source_id == "s" * 2048
     assert refusal(s.capture_source, "src", b"x") == ("body", C.NOT_STRING, None)
-    assert refusal(s.capture_source, "src", "a\x00b") == ("body", None, None)
+    assert refusal(s.capture_source, "src", "a\x00b") == ("body", C.NUL_BYTE, None)
+    assert refusal(s.capture_source, "src", "a\udc80") == ("body", C.LONE_SURROGATE, None)
 
 
 # ---------------------------------------------------------------- the worker's and reconciler's records, named

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from atmostonce.checks import CHECKS, check_table
+from atmostonce.errors import TableCode
 from atmostonce.table import TableError, load_table, parse_table, table
 from tests.fixtures.broken_tables import BROKEN, raw_table
 
@@ -37,28 +38,33 @@ def test_table_is_immutable():
 def test_schema_rejects_unknown_keys_and_a_second_name_for_a_state():
     raw = raw_table()
     raw["states"]["pending"]["kind"] = "initial"  # the intent table's states carry no alias for themselves
-    with pytest.raises(TableError, match="states/pending"):
+    with pytest.raises(TableError) as e:
         parse_table(raw)
+    assert (e.value.code, e.value.where) == (TableCode.SCHEMA, "states/pending")
     raw = raw_table()
     raw["surprise"] = 1
-    with pytest.raises(TableError, match="schema"):
+    with pytest.raises(TableError) as e:
         parse_table(raw)
+    assert (e.value.code, e.value.where) == (TableCode.SCHEMA, "<root>")
 
 
 def test_missing_and_malformed_files_raise_table_error(tmp_path):
-    with pytest.raises(TableError, match="no table"):
+    with pytest.raises(TableError) as e:
         load_table(tmp_path / "absent.toml")
+    assert e.value.code == TableCode.NOT_FOUND
     bad = tmp_path / "bad.toml"
     bad.write_text("this is = = not toml")
-    with pytest.raises(TableError, match="not valid TOML"):
+    with pytest.raises(TableError) as e:
         load_table(bad)
+    assert e.value.code == TableCode.NOT_TOML
 
 
 def test_duplicate_event_names_are_refused():
     raw = raw_table()
     raw["events"].append(copy.deepcopy(raw["events"][1]))
-    with pytest.raises(TableError, match="declared twice"):
+    with pytest.raises(TableError) as e:
         parse_table(raw)
+    assert (e.value.code, e.value.name) == (TableCode.DUPLICATE_EVENT, raw["events"][1]["name"])
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))

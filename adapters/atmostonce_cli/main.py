@@ -1224,7 +1224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (IntakeError, ValueError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
             return _quiet_broken_pipe()
-        return _fail(args, f"error: {exc}", {"error": str(exc)}, EXIT_USAGE)
+        doc = {"error": str(exc)}
+        if isinstance(exc, IntakeError):  # which argument, why and the bound crossed, for a script to read
+            doc.update(exc.as_dict())
+        return _fail(args, f"error: {exc}", doc, EXIT_USAGE)
     except NotVerified as exc:
         hint = (
             "check the id on the platform; to record it anyway as asserted by you, not verified, "

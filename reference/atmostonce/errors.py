@@ -10,6 +10,10 @@ Hierarchy::
       NotVerified           a remote object a person named was read back and does not confirm the intent
       RetractionUnsupported a retraction for a transport that cannot retract; nothing was queued
       IntakeError           bad input at submit; nothing was written (also a ValueError)
+
+The reasons a caller tells apart are enums a script or a test reads: :class:`IntakeCode`
+(``IntakeError.code``), :class:`IdentityCode` (``atmostonce.identity.IdentityError.code``) and
+:class:`TableCode` (``atmostonce.table.TableError.code``); the message is for a person.
       StoreError            the store failed (driver errors are mapped to this)
         AppendOnlyViolation the database refused an UPDATE/DELETE on a history table
         SequenceBehind      a store sequence is at or below a value already stored (a partial restore)
@@ -27,6 +31,7 @@ __all__ = [
     "AppendOnlyViolation",
     "AtMostOnceError",
     "GuardRefused",
+    "IdentityCode",
     "IllegalMove",
     "IntakeCode",
     "IntakeError",
@@ -36,6 +41,7 @@ __all__ = [
     "RetractionUnsupported",
     "SequenceBehind",
     "StoreError",
+    "TableCode",
     "UnknownIntent",
 ]
 
@@ -177,6 +183,54 @@ class IntakeError(AtMostOnceError, ValueError):
 
     def as_dict(self) -> dict[str, Any]:
         return {"field": self.field, "code": self.code, "limit": self.limit}
+
+
+class IdentityCode(enum.StrEnum):
+    """Why a value has no canonical form and cannot take part in an identity:
+    ``atmostonce.identity.IdentityError.code``, beside ``field`` (the part or the path inside the value)."""
+
+    NOT_STRING = "not_string"
+    """text was expected and something else was given"""
+    EMPTY = "empty"
+    """a required part (account, action kind, target, key) is empty or only whitespace"""
+    NUL_BYTE = "nul_byte"
+    """text with a NUL byte"""
+    LONE_SURROGATE = "lone_surrogate"
+    """text with a lone surrogate, which has no UTF-8 form"""
+    UNKNOWN_VERSION = "unknown_version"
+    """a normalizer version this library does not have"""
+    NOT_FINITE = "not_finite"
+    """NaN or an infinity"""
+    KEY_NOT_STRING = "key_not_string"
+    """an object key that is not a string"""
+    NOT_JSON = "not_json"
+    """a value of a type JSON does not have (a set, a datetime, bytes, ...)"""
+    TOO_DEEP = "too_deep"
+    """a value nested deeper than the interpreter can walk"""
+    NOT_CANONICAL = "not_canonical"
+    """a value RFC 8785 refuses (e.g. an integer outside the range it writes exactly)"""
+    NOT_EPOCH = "not_epoch"
+    """an epoch that is not a non-negative integer"""
+
+
+class TableCode(enum.StrEnum):
+    """Why a table (``spec/table.toml`` or an auxiliary machine) could not be read:
+    ``atmostonce.table.TableError.code``."""
+
+    NOT_FOUND = "not_found"
+    """no table file where one was looked for"""
+    NOT_TOML = "not_toml"
+    """the file is not valid TOML"""
+    SCHEMA = "schema"
+    """the parsed table fails its JSON Schema; ``where`` is the first violation's path"""
+    DUPLICATE_EVENT = "duplicate_event"
+    """an event declared twice; ``name`` is the event"""
+    SPELLED_ALIKE = "spelled_alike"
+    """two names of one vocabulary with the same attribute spelling (``a.b`` and ``a_b``)"""
+    UNKNOWN_MACHINE = "unknown_machine"
+    """an auxiliary machine name that is not one of ``atmostonce.table.MACHINES``"""
+    UNKNOWN_NAME = "unknown_name"
+    """a name a vocabulary does not declare (``atmostonce.table.UnknownName``)"""
 
 
 class StoreError(AtMostOnceError):

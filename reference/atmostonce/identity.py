@@ -16,7 +16,8 @@ ids visibly instead of silently merging or splitting history.
 
 Errors: :class:`IdentityError` (a ``ValueError``) for values that have no
 canonical form: NaN or infinite floats, non-string object keys, NUL bytes,
-lone surrogates, empty required parts.
+lone surrogates, empty required parts. Its ``code`` (an
+:class:`~atmostonce.errors.IdentityCode`) and ``field`` say which.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from html.parser import HTMLParser
 from typing import Any, NewType
 
 import rfc8785
+
+from .errors import IdentityCode
 
 __all__ = [
     "NORMALIZERS",
@@ -68,7 +71,18 @@ ClaimId = NewType("ClaimId", str)
 
 
 class IdentityError(ValueError):
-    """A value has no canonical form and cannot take part in an identity."""
+    """A value has no canonical form and cannot take part in an identity.
+
+    Attributes: ``code`` (an :class:`~atmostonce.errors.IdentityCode`) and ``field`` (the part at fault, e.g.
+    ``"target"`` or ``"version"``, or the path inside a JSON value, e.g. ``"$.at[0]"``; ``None`` when the
+    value as a whole is at fault)."""
+
+    def __init__(self, message: str, *, code: IdentityCode, field: str | None = None):
+        self.code, self.field = code, field
+        super().__init__(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "field": self.field}
 
 
 # Characters a reader cannot see: zero-width space, zero-width no-break space (BOM), soft hyphen,
@@ -83,11 +97,13 @@ _BLANK_RUNS = re.compile(r"\n{3,}")
 
 def _check_text(s: str, what: str) -> None:
     if "\x00" in s:
-        raise IdentityError(f"{what} contains a NUL byte")
+        raise IdentityError(f"{what} contains a NUL byte", code=IdentityCode.NUL_BYTE, field=what)
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise IdentityError(f"{what} contains a lone surrogate at index {exc.start}") from exc
+        raise IdentityError(
+            f"{what} contains a lone surrogate at index {exc.start}", code=IdentityCode.LONE_SURROGATE, field=what
+        ) from exc
 
 
 def normalize_text(text: str, version: int | None = None) -> str:
@@ -106,16 +122,16 @@ def normalize_text(text: str, version: int | None = None) -> str:
     version = NORMALIZER_VERSION if version is None else version
     fn = NORMALIZERS.get(version)
     if fn is None:
-        raise IdentityError(f"unknown normalizer version {version}")
+        raise IdentityError(f"unknown normalizer version {version}", code=IdentityCode.UNKNOWN_VERSION, field="version")
     if not isinstance(text, str):
-        raise IdentityError(f"text must be str, not {type(text).__name__}")
+        raise IdentityError(f"text must be str, not {type(text).__name__}", code=IdentityCode.NOT_STRING, field="text")
     _check_text(text, "text")
     return fn(text)
 
 
 def _normalize_v1(text: str) -> str:
     if not isinstance(text, str):
-        raise IdentityError(f"text must be str, not {type(text).__name__}")
+        raise IdentityError(f"text must be str, not {type(text).__name__}", code=IdentityCode.NOT_STRING, field="text")
     _check_text(text, "text")
     t = unicodedata.normalize("NFC", text)
     t = _INVISIBLE.sub("", t)
@@ -133,7 +149,9 @@ def _canonical_value(v: Any, path: str) -> Any:
         return v
     if isinstance(v, float):
         if math.isnan(v) or math.isinf(v):
-            raise IdentityError(f"{path}: NaN and infinities have no canonical JSON form")
+            raise IdentityError(
+                f"{path}: NaN and infinities have no canonical JSON form", code=IdentityCode.NOT_FINITE, field=path
+            )
         return v
     if isinstance(v, str):
         _check_text(v, path)
@@ -142,13 +160,17 @@ def _canonical_value(v: Any, path: str) -> Any:
         out = {}
         for k, x in v.items():
             if not isinstance(k, str):
-                raise IdentityError(f"{path}: object keys must be strings, got {type(k).__name__}")
+                raise IdentityError(
+                    f"{path}: object keys must be strings, got {type(k).__name__}",
+                    code=IdentityCode.KEY_NOT_STRING,
+                    field=path,
+                )
             _check_text(k, f"{path} key")
             out[k] = _canonical_value(x, f"{path}.{k}")
         return out
     if isinstance(v, (list, tuple)):
         return [_canonical_value(x, f"{path}[{i}]") for i, x in enumerate(v)]
-    raise IdentityError(f"{path}: {type(v).__name__} is not JSON-serializable")
+    raise IdentityError(f"{path}: {type(v).__name__} is not JSON-serializable", code=IdentityCode.NOT_JSON, field=path)
 
 
 def canonical_json(value: Any) -> bytes:
@@ -160,11 +182,11 @@ def canonical_json(value: Any) -> bytes:
     try:
         checked = _canonical_value(value, "$")
     except RecursionError as exc:
-        raise IdentityError("value is nested too deeply") from exc
+        raise IdentityError("value is nested too deeply", code=IdentityCode.TOO_DEEP) from exc
     try:
         return rfc8785.dumps(checked)
     except (rfc8785.CanonicalizationError, ValueError, TypeError, RecursionError) as exc:  # e.g. integers out of range
-        raise IdentityError(f"no canonical JSON form: {exc}") from exc
+        raise IdentityError(f"no canonical JSON form: {exc}", code=IdentityCode.NOT_CANONICAL) from exc
 
 
 _SAFE_INT = 2**53
@@ -193,7 +215,7 @@ def _identity(domain: str, version: int, *parts: Any) -> str:
 def _version(version: int | None) -> int:
     v = NORMALIZER_VERSION if version is None else version
     if v not in NORMALIZERS:
-        raise IdentityError(f"unknown normalizer version {v}")
+        raise IdentityError(f"unknown normalizer version {v}", code=IdentityCode.UNKNOWN_VERSION, field="version")
     return v
 
 
@@ -216,7 +238,8 @@ def _normalize_projection(v: Any, version: int) -> Any:
 
 def _require(name: str, value: str) -> None:
     if not isinstance(value, str) or not value.strip():
-        raise IdentityError(f"{name} must be a non-empty string")
+        code = IdentityCode.EMPTY if isinstance(value, str) else IdentityCode.NOT_STRING
+        raise IdentityError(f"{name} must be a non-empty string", code=code, field=name)
     _check_text(value, name)
 
 
@@ -252,7 +275,9 @@ def platform_idempotency_key(delivery_key: str, resend_epoch: int = 0, fence_epo
     _require("delivery_key", delivery_key)
     for name, n in (("resend_epoch", resend_epoch), ("fence_epoch", fence_epoch)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise IdentityError(f"{name} must be a non-negative integer, got {n!r}")
+            raise IdentityError(
+                f"{name} must be a non-negative integer, got {n!r}", code=IdentityCode.NOT_EPOCH, field=name
+            )
     key = delivery_key
     if resend_epoch:
         key += f".r{resend_epoch}"

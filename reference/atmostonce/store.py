@@ -387,7 +387,9 @@ class Operations(ClaimOperations):
         try:
             version = identity.source_version(source_id, body)
         except identity.IdentityError as exc:
-            raise IntakeError(str(exc), field="body") from exc
+            same = exc.code.value in {c.value for c in IntakeCode}
+            code = IntakeCode(exc.code.value) if same else IntakeCode.NOT_CANONICAL
+            raise IntakeError(str(exc), field="body", code=code) from exc
         raw_hash = identity.raw_digest(raw) if isinstance(raw, (bytes, bytearray)) else None
         return self.core._store_capture(source_id, version, raw_hash)
 

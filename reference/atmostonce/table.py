@@ -21,6 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from .errors import TableCode
+
 __all__ = [
     "Actor",
     "Effect",
@@ -46,7 +48,26 @@ MACHINES = ("approval", "claim")
 
 
 class TableError(ValueError):
-    """The table file is missing, malformed, or fails its JSON Schema."""
+    """The table file is missing, malformed, or fails its JSON Schema.
+
+    Attributes: ``code`` (a :class:`~atmostonce.errors.TableCode`), ``path`` (the file at fault, or ``None``),
+    ``where`` (for a schema violation, the path inside the table of the first one, ``"<root>"`` for the
+    table itself; else ``None``) and ``name`` (the event, machine or name at fault, or ``None``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: TableCode,
+        path: str | None = None,
+        where: str | None = None,
+        name: str | None = None,
+    ):
+        self.code, self.path, self.where, self.name = code, path, where, name
+        super().__init__(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "path": self.path, "where": self.where, "name": self.name}
 
 
 class UnknownName(TableError):
@@ -56,8 +77,8 @@ class UnknownName(TableError):
     ``"actor"``), ``name`` (the attribute asked for), ``table`` (the table's name)."""
 
     def __init__(self, vocabulary: str, name: str, table: str):
-        self.vocabulary, self.name, self.table = vocabulary, name, table
-        super().__init__(f"{table} declares no {vocabulary} {name!r}")
+        self.vocabulary, self.table = vocabulary, table
+        super().__init__(f"{table} declares no {vocabulary} {name!r}", code=TableCode.UNKNOWN_NAME, name=name)
 
 
 class Names:
@@ -74,7 +95,11 @@ class Names:
         for n in names:
             attr = n.replace(".", "_")
             if attr in by_attr:
-                raise TableError(f"{table}: {vocabulary}s {by_attr[attr]!r} and {n!r} are both spelled {attr}")
+                raise TableError(
+                    f"{table}: {vocabulary}s {by_attr[attr]!r} and {n!r} are both spelled {attr}",
+                    code=TableCode.SPELLED_ALIKE,
+                    name=n,
+                )
             by_attr[attr] = n
         self._vocabulary, self._table, self._by_attr = vocabulary, table, by_attr
 
@@ -339,7 +364,9 @@ def spec_dir() -> Path:
     repo = Path(__file__).resolve().parents[2] / "spec"
     if (repo / "table.toml").is_file():
         return repo
-    raise TableError("spec/table.toml not found in the package or the source tree")
+    raise TableError(
+        "spec/table.toml not found in the package or the source tree", code=TableCode.NOT_FOUND, path=str(repo)
+    )
 
 
 def _freeze(d: dict[str, Any]) -> Mapping[str, Any]:
@@ -359,11 +386,11 @@ def parse_table(raw: Mapping[str, Any], schema: Mapping[str, Any] | None = None)
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.path) or "<root>"
-        raise TableError(f"table does not match its schema at {where}: {e.message}")
+        raise TableError(f"table does not match its schema at {where}: {e.message}", code=TableCode.SCHEMA, where=where)
     events: dict[str, Event] = {}
     for ev in raw["events"]:
         if ev["name"] in events:
-            raise TableError(f"event {ev['name']!r} declared twice")
+            raise TableError(f"event {ev['name']!r} declared twice", code=TableCode.DUPLICATE_EVENT, name=ev["name"])
         events[ev["name"]] = Event(
             name=ev["name"],
             actor=ev["actor"],
@@ -399,9 +426,9 @@ def load_table(path: str | Path | None = None, *, schema: str = "table.schema.js
     try:
         raw = tomllib.loads(p.read_text("utf-8"))
     except FileNotFoundError as exc:
-        raise TableError(f"no table at {p}") from exc
+        raise TableError(f"no table at {p}", code=TableCode.NOT_FOUND, path=str(p)) from exc
     except tomllib.TOMLDecodeError as exc:
-        raise TableError(f"{p} is not valid TOML: {exc}") from exc
+        raise TableError(f"{p} is not valid TOML: {exc}", code=TableCode.NOT_TOML, path=str(p)) from exc
     return parse_table(raw, json.loads((spec_dir() / schema).read_text("utf-8")))
 
 
@@ -411,7 +438,9 @@ def load_machine(name: str, path: str | Path | None = None) -> Table:
     Raises :class:`TableError` for an unknown name, a missing file, bad TOML, or a schema violation.
     """
     if name not in MACHINES:
-        raise TableError(f"unknown machine {name!r}; known: {', '.join(MACHINES)}")
+        raise TableError(
+            f"unknown machine {name!r}; known: {', '.join(MACHINES)}", code=TableCode.UNKNOWN_MACHINE, name=name
+        )
     return load_table(path if path is not None else spec_dir() / f"{name}.toml", schema="machine.schema.json")
 
 

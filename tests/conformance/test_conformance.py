@@ -149,8 +149,11 @@ def test_the_naive_store_fails_with_named_counterexamples():
     } <= passed
     assert len(passed) == len(ALL) - len(NAIVE_COUNTEREXAMPLES)
     summary = report.summary()
-    assert "[FAIL] 004 Verification: fenced recovery (late generation-1 write refused) (1/6 passed)" in summary
-    assert "[PASS] 004 Verification: retry creates zero rows (1/1 passed)" in summary
+    assert (
+        "[FAIL] docs/design.md#testing: verification: fenced recovery (late generation-1 write refused) (1/6 passed)"
+        in summary
+    )
+    assert "[PASS] docs/design.md#testing: verification: retry creates zero rows (1/1 passed)" in summary
 
 
 @pytest.mark.parametrize("guard", list(table().guards))
@@ -204,9 +207,13 @@ def test_cli_exit_codes_summary_and_junit(tmp_path, capsys):
     suites = {s.get("name"): s for s in xml.iter("testsuite")}
     assert suites["table guard: request_digest_matches"].get("failures") == "1"
 
-    assert run_cli(["--impl", "atmostonce.conformance.factories:memory", "--rule", "004 Verification"]) == 0
+    assert (
+        run_cli(["--impl", "atmostonce.conformance.factories:memory", "--rule", "design.md#testing: verification"]) == 0
+    )
     out = capsys.readouterr().out
-    assert "[PASS] 004 Verification: attempt cap parks (2/2 passed)" in out and "result: PASS" in out
+    assert (
+        "[PASS] docs/design.md#testing: verification: attempt cap parks (2/2 passed)" in out and "result: PASS" in out
+    )
 
 
 def test_cli_runs_a_subprocess_driver(capsys):
@@ -274,7 +281,7 @@ def test_pytest_plugin_runs_every_case_and_the_stateful_machine(tmp_path):
     tail = run.stdout.strip().splitlines()[-1]
     assert f"{len(ALL) + 1} passed" in tail and "skipped" not in tail, run.stdout[-3000:]
     assert run.returncode == 0
-    assert "atmostonce conformance, by seed rule" in run.stdout
+    assert "atmostonce conformance, by rule" in run.stdout
     assert "stateful machine: passed (5 examples)" in run.stdout
 
 

@@ -6,7 +6,7 @@
   not exist yet; it is empty now).
 * :mod:`.drivers`: the driver protocol, :class:`StoreDriver` (any Python store) and
   :class:`SubprocessDriver` (any language, over JSON lines).
-* :mod:`.runner`: runs cases, reports per case grouped by seed rule, writes JUnit XML.
+* :mod:`.runner`: runs cases, reports per case grouped by the rule each case cites, writes JUnit XML.
 * :mod:`.cli`: ``atmostonce conformance``; :mod:`.plugin`: ``pytest --atmostonce-impl``.
 
 See ``docs/conformance.md``.

@@ -47,8 +47,8 @@ VECTOR_FILE = "identity_vectors.json"
 BUNDLE_FILE = "bundle.json"
 NON_CASE_FILES = frozenset({"case.schema.json", "verification_items.json", VECTOR_FILE, BUNDLE_FILE})
 VECTOR_RULES = {
-    "delivery": "004 Idempotency identity: test vectors (delivery key, request digest, text key)",
-    "source": "004 Idempotency identity: test vectors (source version)",
+    "delivery": "docs/design.md#identities: test vectors (delivery key, request digest, text key)",
+    "source": "docs/design.md#identities: test vectors (source version)",
 }
 MATCHERS = ("==", "!=", ">", ">=", "<", "<=", "len", "prefix", "contains", "not_contains", "distinct_by")
 

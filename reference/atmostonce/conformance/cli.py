@@ -1,4 +1,4 @@
-"""``atmostonce conformance``: run the cases against an implementation and report by seed rule.
+"""``atmostonce conformance``: run the cases against an implementation and report by the rule each case cites.
 
 Exit codes: 0 every applicable case passed; 1 a case failed or errored; 2 bad usage (no
 such factory, a driver that does not start, an invalid case file).
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--cases", metavar="DIR", help="case folder (default: the shipped spec/conformance)")
     p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report here")
     p.add_argument("--case", dest="case_ids", action="append", metavar="ID", help="run only this case (repeatable)")
-    p.add_argument("--rule", metavar="TEXT", help="run only cases whose seed rule contains TEXT")
+    p.add_argument("--rule", metavar="TEXT", help="run only cases whose rule contains TEXT")
     p.add_argument(
         "--feature",
         dest="features",

@@ -218,7 +218,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
     name = state.command or state.impl or "implementation"
     report = Report(driver=name, results=state.results)
-    terminalreporter.section("atmostonce conformance, by seed rule")
+    terminalreporter.section("atmostonce conformance, by rule")
     for line in report.summary().splitlines()[1:]:
         terminalreporter.write_line(line)
     if state.stateful:

@@ -1,4 +1,4 @@
-"""Run cases against a driver; report per case, grouped by the seed rule each case checks.
+"""Run cases against a driver; report per case, grouped by the rule each case checks.
 
 A case passes when every step's result is what it expects. A case whose ``requires`` names a
 feature the driver lacks is *not applicable*: it is listed in every report and never counted
@@ -119,7 +119,7 @@ class Report:
         return "\n".join(lines)
 
     def junit_xml(self) -> str:
-        """JUnit XML: one test suite per seed rule; not-applicable cases are ``<skipped>``."""
+        """JUnit XML: one test suite per rule; not-applicable cases are ``<skipped>``."""
         c = self.counts()
         root = ET.Element(
             "testsuites",
