@@ -12,7 +12,7 @@ MUTMUT_SLICE ?= 'atmostonce.errors.*' 'atmostonce.identity.*'
 MUTMUT  ?=
 
 
-.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-slice wheel-check clean
+.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-stale mutmut-slice wheel-check clean
 
 # the test stack (every extra): make test, quick and the rest
 $(STAMP): pyproject.toml
@@ -185,6 +185,12 @@ mutmut: $(STAMP)
 	$(BIN)/python -m mutation.mutmut_run --max-children $(WORKERS) --record $(MUTMUT)
 	$(BIN)/python -m mutation.mutmut_report --write
 	$(BIN)/python -m mutation.mutmut_check $(MUTMUT)
+
+## re-run and record only the functions whose recorded mutmut evidence is stale (they changed since), then the
+## same report and check over them
+mutmut-stale: $(STAMP)
+	$(BIN)/python -m mutation.mutmut_run --max-children $(WORKERS) --record --stale
+	$(BIN)/python -m mutation.mutmut_report --write
 
 ## a bounded mutmut slice (CI, a few minutes): the same gate on the mutants named by MUTMUT_SLICE
 mutmut-slice: $(STAMP)

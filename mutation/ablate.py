@@ -1,6 +1,5 @@
 """Guard ablation, driven by the table: remove one guard, source state or outcome mapping at one
-layer, run the tests aimed at that layer, and require a red test (seed 004, "Mutation-test every
-guard, at the layer the guard lives in").
+layer, run the tests aimed at that layer, and require a red test (docs/design.md#every-guard-matters).
 
     python -m mutation.ablate                 # every mutant (``make ablation``, part of ``make mutation``)
     python -m mutation.ablate --slice 0/8     # a bounded slice (CI runs one)
@@ -53,7 +52,7 @@ SUITES = {
     # test_runtime_loops drives the dispatcher over the model only (its ids carry no store name)
     "runtime": (["tests/test_runtime.py"], "memory", ["tests/test_runtime_loops.py"]),
 }
-# the approval and claim machines (issue 5): their mutants run the tests aimed at those machines
+# the approval and claim machines (docs/design.md#approvals-and-per-target-dispatch-claims): their mutants run the tests aimed at those machines
 CLAIM_TARGETED = [
     "tests/test_approval_rules.py",
     "tests/test_signed_approvals.py",

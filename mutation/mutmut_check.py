@@ -224,6 +224,24 @@ def check_evidence(
     return ev
 
 
+def stale_functions(
+    verdicts: Mapping[str, Mapping[str, Any]],
+    explained: Mapping[str, Mapping[str, Any]],
+    hashes: TreeHashes | None = None,
+) -> list[str]:
+    """One mutant-name glob per function that still exists and has a stale verdict or explanation
+    (``atmostonce.store.xǁOperationsǁcheck__mutmut_*``), sorted: what ``mutmut_run --stale`` re-runs. A
+    gone function needs no run: the next record drops its verdicts, since mutmut no longer generates them."""
+    hashes = TreeHashes() if hashes is None else hashes
+    out: set[str] = set()
+    for entries in (verdicts, explained):
+        for name, entry in entries.items():
+            current = hashes.of(name)
+            if current is not None and freshness(entry, current) == STALE:
+                out.add(f"{module_of(name)}.{function_of(name)}__mutmut_*")
+    return sorted(out)
+
+
 def load_meta_hashes(mutants: Path) -> dict[str, str]:
     """Qualified function name (``atmostonce.identity.x_claim_id``) -> the hash of the body mutmut generated
     the mutants in ``mutants`` from."""

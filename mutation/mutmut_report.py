@@ -262,7 +262,8 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         "scope: everything is in scope) therefore fails on any stale entry, while `make mutmut-slice`, which "
         "re-runs only the CI slice's functions, fails on stale entries of the slice and only lists the rest: "
         "otherwise every code change would need a multi-hour full run before CI could pass. Re-run and record "
-        "what changed (`make mutmut MUTMUT=\"'atmostonce.model.*'\"`) to make it fresh again.",
+        "what changed (`make mutmut MUTMUT=\"'atmostonce.model.*'\"`, or `make mutmut-stale`, which re-runs exactly the "
+        "functions with stale evidence) to make it fresh again.",
         "* Entries recorded before hashes were kept have **unverified hash**: `python -m mutation.mutmut_report "
         "--migrate-hashes` gave them the hash of their function at that commit, marked `unverified_hash`, "
         "because nobody knows whether the verdict was given on that body or an older one. They count as "

@@ -10,6 +10,7 @@ works in ``build/mutmut/mutants/``, which it puts first on ``sys.path``, ahead o
 install's finder.
 
     python -m mutation.mutmut_run [--max-children N] [--record] [MUTANT_GLOB ...]   # stage, run, export stats
+    python -m mutation.mutmut_run --stale [--record]                      # only functions with stale evidence
     python -m mutation.mutmut_run --stage-only                            # just build build/mutmut/
 
 It leaves ``build/mutmut/mutants/mutmut-cicd-stats.json`` and the per-file ``.meta`` results for
@@ -109,12 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutant workers (the machine is shared)")
     ap.add_argument("--stage-only", action="store_true")
     ap.add_argument("--record", action="store_true", help="merge the results into mutation/mutmut_results.json")
+    ap.add_argument(
+        "--stale", action="store_true", help="add every function whose recorded verdicts or explanations are stale"
+    )
     ap.add_argument("names", nargs="*", help="mutant names or globs, e.g. 'atmostonce.identity.*'")
     a = ap.parse_args(argv)
     if a.stage_only:
         print(stage())
         return 0
-    return run(a.names, a.max_children, record=a.record)
+    names = list(a.names)
+    if a.stale:
+        from mutation.mutmut_check import load_explained, load_verdicts, stale_functions
+
+        stale = stale_functions(load_verdicts(), load_explained())
+        print(f"{len(stale)} functions with stale mutation evidence", flush=True)
+        if not stale and not names:
+            return 0
+        names += stale
+    return run(names, a.max_children, record=a.record)
 
 
 if __name__ == "__main__":

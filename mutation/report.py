@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +19,11 @@ from sqlalchemy.dialects import postgresql
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "guards.md"
 RESULTS = ROOT / "mutation" / "results.json"
+
+
+def _linked(seed: str) -> str:
+    """A table row's citation with each design.md section it names as a link from docs/."""
+    return re.sub(r"docs/design\.md#([\w-]+)", r"[design.md#\1](design.md#\1)", seed)
 
 
 def _where(fn) -> str:
@@ -41,6 +47,7 @@ def render() -> str:
     from atmostonce.table import table
     from atmostonce_sql.guards import SQL_GUARDS
     from mutation.ablation_plugin import BACKSTOPS
+    from spec.promela_gen.guards import PROMELA_GUARDS
 
     t = table()
     results = json.loads(RESULTS.read_text())["results"] if RESULTS.exists() else []
@@ -59,16 +66,17 @@ def render() -> str:
         "",
     ]
     for g in t.guards.values():
-        used = ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards)
+        used = ", ".join(f"[`{e.name}`](sql.md#{e.name})" for e in t.events.values() if g.name in e.guards)
         lines += [
             f"## `{g.name}`"
             + (" (policy gate)" if g.policy else "")
             + (f" (a refusal waits: `{g.refusal_outcome}`)" if g.refusal_outcome else ""),
             "",
-            f"{g.meaning}. Source: {g.seed}. Used by: {used}.",
+            f"{g.meaning}. Source: {_linked(g.seed)}. Used by: {used}.",
             "",
             f"* model predicate: {_where(GUARDS[g.name])}",
             f"* SQL fragment ({_where(SQL_GUARDS[g.name])}): `{_sql(SQL_GUARDS[g.name])}`",
+            f"* Promela (`spec/promela_gen/guards.py`, `PROMELA_GUARDS`): `{PROMELA_GUARDS[g.name]}`",
         ]
         for layer in ("model", "sqlite", "postgresql"):
             r = by_mutant.get(f"{layer}:guard:{g.name}")
@@ -178,21 +186,27 @@ def _verdict(by_mutant, equivalent, mutant: str) -> str:
 
 
 def _machine_sections(by_mutant, equivalent) -> list[str]:
-    """The approval and target-claim machines' guards (spec/approval.toml, spec/claim.toml; issue 5)."""
+    """The approval and target-claim machines' guards (spec/approval.toml, spec/claim.toml)."""
     from atmostonce.claims import APPROVAL_GUARDS, CLAIM_GUARDS
     from atmostonce.table import MACHINES, machine, table
     from atmostonce_sql.claims import APPROVAL_SQL_GUARDS, CLAIM_SQL_GUARDS, Refs, _p
     from atmostonce_sql.schema import approvals, claims
     from atmostonce_sql.store import db_now
+    from spec.promela_gen.guards import APPROVAL_PROMELA_GUARDS, CLAIM_PROMELA_GUARDS
 
     model = {"approval": APPROVAL_GUARDS, "claim": CLAIM_GUARDS}
+    promela = {
+        "approval": ("APPROVAL_PROMELA_GUARDS", APPROVAL_PROMELA_GUARDS),
+        "claim": ("CLAIM_PROMELA_GUARDS", CLAIM_PROMELA_GUARDS),
+    }
     sql = {"approval": APPROVAL_SQL_GUARDS, "claim": CLAIM_SQL_GUARDS}
     cols = {"approval": approvals.c, "claim": claims.c}
     refs = Refs(_p("key"), _p("approval_id"), table(), machine("approval"))
     lines = [
         "# The approval and target-claim machines",
         "",
-        "The same treatment for the guards of `spec/approval.toml` and `spec/claim.toml` (seeds 001-003). "
+        "The same treatment for the guards of `spec/approval.toml` and `spec/claim.toml` "
+        "(docs/design.md#approvals-and-per-target-dispatch-claims). "
         "Their SQL fragments read `:c_key` (the intent the move is for) and `:c_approval_id` (the approval "
         "presented, or, in a move coupled to an intent's, the one the claim is bound to); rendered alone, a fragment lists `aom_claims` in its FROM, while inside the conditional UPDATE those columns are the row being moved.",
         "",
@@ -210,10 +224,11 @@ def _machine_sections(by_mutant, equivalent) -> list[str]:
             lines += [
                 f"## `{g.name}` ({m} machine)",
                 "",
-                f"{g.meaning}. Source: {g.seed}. Used by: {used}.",
+                f"{g.meaning}. Source: {_linked(g.seed)}. Used by: {used}.",
                 "",
                 f"* model predicate: {_where(model[m][g.name])}",
                 f"* SQL fragment ({_where(fn)}): `{' '.join(text.split())}`",
+                f"* Promela (`spec/promela_gen/guards.py`, `{promela[m][0]}`): `{promela[m][1][g.name]}`",
             ]
             lines += [
                 f"* removed from {layer}: {_verdict(by_mutant, equivalent, f'{layer}:guard:{g.name}')}"

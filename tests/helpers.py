@@ -45,3 +45,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     rc = main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
+
+
+def empty_database_url(request, dialect, tmp_path):
+    """An empty database (``sqlite`` or ``postgresql``) with no migration run, and its cleanup (or None)."""
+    if dialect == "sqlite":
+        return f"sqlite:///{tmp_path / 'old.sqlite3'}", None
+    dbs = request.getfixturevalue("pg_databases")
+    name = f"{dbs.prefix}_old_{tmp_path.name[-12:]}".replace("-", "_").lower()
+    with dbs.admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    return dbs.url(name), lambda: dbs.drop(dbs.url(name))

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from atmostonce import GuardRefused, StoreError
+from atmostonce import AppendOnlyViolation, GuardRefused, StoreError
 from atmostonce.audit import verify_store
 from atmostonce_cli.main import main
 from atmostonce_sql import grant_app_role, open_store
@@ -182,3 +182,15 @@ def test_the_application_role_cannot_register_keys_or_switch_signing(app):
         store.add_operator_key("mallory", public_key_hex(new_private_key()), added_by="mallory")
     assert store.operator_key(key_id(public)).operator == "alice"
     assert store.signing_required("acct") is True
+
+
+def test_a_privilege_refusal_through_the_store_is_not_reported_as_the_append_only_trigger(app):
+    """The grant refuses with SQLSTATE 42501 before the trigger runs: the store reports a plain StoreError,
+    and only the trigger's own code (AOM02, migration 0014) becomes AppendOnlyViolation."""
+    store, _, _, _ = app
+    to_state(store, "published")
+    with pytest.raises(StoreError) as e:
+        with store._tx() as conn:
+            conn.exec_driver_sql("DELETE FROM aom_history")
+    assert not isinstance(e.value, AppendOnlyViolation)
+    assert e.value.__cause__ is not None and e.value.__cause__.orig.sqlstate == "42501"

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from atmostonce import MemoryStore
 from atmostonce.audit import AuditChain, AuditRow, chain_hash, float_text, verify_chain, verify_store
 from atmostonce_cli.main import main
-from tests.helpers import submit, to_state
+from tests.helpers import empty_database_url, submit, to_state
 
 # ---------------------------------------------------------------- the chain function itself
 
@@ -205,21 +205,11 @@ def test_a_row_inserted_outside_the_store_is_detected_on_sqlite(sqlite_store):
 # ---------------------------------------------------------------- migration 0002 chains what was there
 
 
-def _empty_url(request, dialect, tmp_path):
-    if dialect == "sqlite":
-        return f"sqlite:///{tmp_path / 'old.sqlite3'}", None
-    dbs = request.getfixturevalue("pg_databases")
-    name = f"{dbs.prefix}_old_{tmp_path.name[-12:]}".replace("-", "_").lower()
-    with dbs.admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    return dbs.url(name), lambda: dbs.drop(dbs.url(name))
-
-
 @pytest.mark.parametrize("dialect", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def test_migration_0002_chains_rows_written_before_it(request, dialect, tmp_path):
     from atmostonce_sql import make_engine, open_store, upgrade
 
-    url, cleanup = _empty_url(request, dialect, tmp_path)
+    url, cleanup = empty_database_url(request, dialect, tmp_path)
     engine = make_engine(url)
     try:
         upgrade(engine, "0001")

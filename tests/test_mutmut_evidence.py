@@ -25,6 +25,7 @@ from mutation.mutmut_check import (
     function_hashes,
     function_of,
     main,
+    stale_functions,
 )
 from mutation.mutmut_report import load_results, migrate_hashes, record, render
 
@@ -124,6 +125,22 @@ def test_a_verdict_of_a_function_that_is_gone_is_stale(tmp_path):
     root = _checkout(tmp_path, identity="def other(x):\n    return x * 2\n")
     entry = {"status": "killed", "function_hash": _hash(IDENTITY, "x_claim_id"), "commit": "c0ffee"}
     assert freshness(entry, TreeHashes(root).of(CLAIM_1)) == STALE
+
+
+def test_a_stale_rerun_selects_exactly_the_changed_functions_that_still_exist(tmp_path):
+    root = _checkout(tmp_path)
+    results = tmp_path / "results.json"
+    record(["atmostonce.identity.*"], 1.0, 1, _run(tmp_path, {CLAIM_1: 1, OTHER_1: 1}), results, "c0ffee")
+    verdicts = load_results(results)["mutants"]
+    assert stale_functions(verdicts, {}, TreeHashes(root)) == []
+    (root / "reference" / "atmostonce" / "identity.py").write_text(IDENTITY_EDITED, "utf-8")
+    explained = {FIRE_1: {"why": "x", "function_hash": "0" * 12}}  # an explanation given on another body
+    assert stale_functions(verdicts, explained, TreeHashes(root)) == [
+        "atmostonce.identity.x_claim_id__mutmut_*",
+        "atmostonce.model.xǁModelǁfire__mutmut_*",
+    ]
+    (root / "reference" / "atmostonce" / "identity.py").write_text("def other(x):\n    return x * 2\n", "utf-8")
+    assert stale_functions(verdicts, {}, TreeHashes(root)) == []  # gone: nothing to run, the next record drops it
 
 
 def test_the_full_check_fails_on_a_stale_verdict_in_a_copy_of_the_real_results_file(tmp_path):

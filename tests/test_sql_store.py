@@ -11,7 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from atmostonce import AppendOnlyViolation, GuardRefused, IllegalMove, StoreError
+from atmostonce.names import EFFECT, EVENT, GUARD
 from atmostonce_sql import make_engine, open_store
+from atmostonce_sql.execution import APPEND_ONLY_SQLSTATE, Deadlock
 from atmostonce_sql.schema import APPEND_ONLY_TABLES, metadata
 from tests.helpers import begin_authorize, submit, to_state
 
@@ -146,3 +148,34 @@ def test_driver_errors_are_mapped_to_store_error(tmp_path):
 def test_unsupported_urls_are_refused():
     with pytest.raises(ValueError):
         make_engine("mysql://nobody@localhost/x")
+
+
+@pytest.mark.postgres
+def test_the_append_only_trigger_names_its_table_by_its_own_code(pg_store):
+    to_state(pg_store, "published")
+    with pytest.raises(AppendOnlyViolation) as e:
+        with pg_store._tx() as conn:
+            conn.exec_driver_sql("UPDATE aom_history SET event = event")
+    diag = e.value.__cause__.orig.diag
+    assert (e.value.__cause__.orig.sqlstate, diag.message_detail) == (APPEND_ONLY_SQLSTATE, "aom_history")
+
+
+@pytest.mark.postgres
+def test_a_deadlock_is_known_by_its_code_and_refuses_a_text_claim_as_the_window_guard(pg_store):
+    """PostgreSQL's deadlock victim wrote nothing. Its SQLSTATE (40P01) alone makes it a Deadlock; in the
+    move that claims a text slot it is the losing side of two conflicting claims, so it is refused as
+    ``text_window_clear``; in any other move it stays a Deadlock for the caller to retry."""
+    with pytest.raises(Deadlock):
+        with pg_store._tx() as conn:
+            conn.exec_driver_sql("DO $$ BEGIN RAISE EXCEPTION 'cycle' USING ERRCODE = 'deadlock_detected'; END $$")
+
+    def victim():
+        raise Deadlock("deadlock detected")
+
+    authorize, begin = pg_store.table.event(EVENT.authorize_dispatch), pg_store.table.event(EVENT.begin)
+    assert EFFECT.claim_text_slot in authorize.effects and EFFECT.claim_text_slot not in begin.effects
+    with pytest.raises(GuardRefused) as refused:
+        pg_store._refusing(authorize, "key-1", {}, victim)
+    assert (refused.value.event, refused.value.guard) == (EVENT.authorize_dispatch, GUARD.text_window_clear)
+    with pytest.raises(Deadlock):
+        pg_store._refusing(begin, "key-1", {}, victim)

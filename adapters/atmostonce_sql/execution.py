@@ -9,7 +9,7 @@ statement; pipelined moves (:meth:`Executor.pipeline`) send ``BEGIN``, every mov
 round trip.
 
 Errors are mapped by what the driver reports as data, never by message text: PostgreSQL's SQLSTATE,
-constraint name and source routine (:func:`driver_error`). SQLite reports a trigger's ``RAISE(ABORT,
+and constraint name (:func:`driver_error`). SQLite reports a trigger's ``RAISE(ABORT,
 ...)`` only as ``SQLITE_CONSTRAINT_TRIGGER`` with the trigger's message, so the message is looked up
 exactly among the constant messages this package's migrations give their triggers.
 """
@@ -44,11 +44,9 @@ __all__ = [
 
 REFUSED_SQLSTATE = "AOM01"
 """What ``aom_moved`` raises when a pipelined move moved no row (migration 0010)."""
-APPEND_ONLY_SQLSTATE = "42501"
-"""``insufficient_privilege``: what ``aom_refuse_change()``, the append-only trigger, raises (migration 0001).
-A grant's refusal has the same SQLSTATE; the trigger's comes from a PL/pgSQL ``RAISE`` (the error's source
-routine), a grant's from the privilege check."""
-_PLPGSQL_RAISE = "exec_stmt_raise"
+APPEND_ONLY_SQLSTATE = "AOM02"
+"""What ``aom_refuse_change()``, the append-only trigger, raises (migration 0014; the table is the error's
+detail). A grant's refusal is ``42501`` and stays a plain :class:`StoreError`."""
 TEXT_WINDOW_CONSTRAINT = "aom_text_claims_window"
 """The database's duplicate-text exclusion (PostgreSQL: an ``EXCLUDE`` constraint; SQLite: a trigger)."""
 _EXCLUSION_VIOLATION = "23P01"
@@ -98,7 +96,7 @@ def driver_error(exc: sa.exc.DBAPIError) -> StoreError:
     sqlstate = getattr(orig, "sqlstate", None)
     diag = getattr(orig, "diag", None)
     if sqlstate is not None:  # psycopg
-        if sqlstate == APPEND_ONLY_SQLSTATE and getattr(diag, "source_function", None) == _PLPGSQL_RAISE:
+        if sqlstate == APPEND_ONLY_SQLSTATE:
             return AppendOnlyViolation(text)
         if sqlstate == _EXCLUSION_VIOLATION and getattr(diag, "constraint_name", None):
             return ConstraintRefused(message, diag.constraint_name, sqlstate)  # type: ignore[union-attr]

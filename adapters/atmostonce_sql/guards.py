@@ -118,7 +118,7 @@ def restore_epoch_current(c, now, x):
 
 def kill_switch_off(c, now, x):
     k = kill_switches.c
-    return ~sa.exists().where(k.engaged, sa.or_(k.scope == "global", k.scope == sa.literal("account:") + c.account))
+    return ~sa.exists().where(sa.or_(k.scope == "global", k.scope == sa.literal("account:") + c.account))
 
 
 def credential_current(c, now, x):

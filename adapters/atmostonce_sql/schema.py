@@ -160,8 +160,7 @@ meta = sa.Table(
 kill_switches = sa.Table(
     "aom_kill_switches",
     metadata,
-    sa.Column("scope", sa.Text, primary_key=True),  # "global" or "account:<id>"
-    sa.Column("engaged", sa.Boolean, nullable=False),
+    sa.Column("scope", sa.Text, primary_key=True),  # "global" or "account:<id>"; engaged while its row exists
 )
 credentials = sa.Table(
     "aom_credentials",

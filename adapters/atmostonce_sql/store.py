@@ -45,7 +45,7 @@ from atmostonce.errors import (
     UnknownIntent,
 )
 from atmostonce.identity import attempt_token, load_canonical
-from atmostonce.names import EVENT, GUARD
+from atmostonce.names import EFFECT, EVENT, GUARD
 from atmostonce.records import (
     HISTORY_DETAIL,
     Attempt,
@@ -490,7 +490,7 @@ class SqlStore(SqlClaims, Operations):
             # a concurrent claim of the same text won: the exclusion constraint refused this one, or
             # PostgreSQL broke a wait cycle between two conflicting claims (the victim wrote nothing)
             excluded = isinstance(exc, ConstraintRefused) and exc.constraint == TEXT_WINDOW_CONSTRAINT
-            if excluded or (isinstance(exc, Deadlock) and "claim_text_slot" in ev.effects):
+            if excluded or (isinstance(exc, Deadlock) and EFFECT.claim_text_slot in ev.effects):
                 raise GuardRefused(
                     ev.name, key, GUARD.text_window_clear, None, "refused by the database exclusion"
                 ) from exc
@@ -716,14 +716,15 @@ class SqlStore(SqlClaims, Operations):
             ]
 
     # -- policy layer and restores --------------------------------------------------------
-    _POLICY = {
-        "kill_switches": (kill_switches, "scope", "engaged"),
+    _POLICY: dict[str, tuple[sa.Table, str, str | None]] = {
+        "kill_switches": (kill_switches, "scope", None),  # engaged while the row exists
         "credentials": (credentials, "account", "version"),
         "contracts": (contracts, "platform", "version"),
         "signing_policies": (signing_policies, "account", "required"),
     }
 
     def _write_policy(self, kind: str, name: str, value: Any, operator: str | None) -> None:
+        val_col: str | None
         if kind == "text_window_seconds":
             table, key_col, val_col, key = settings, "name", "value", TEXT_WINDOW_SETTING
         else:
@@ -732,7 +733,9 @@ class SqlStore(SqlClaims, Operations):
         with self._tx() as conn:
             conn.execute(sa.delete(table).where(table.c[key_col] == key))
             if value is not None and value is not False:
-                conn.execute(sa.insert(table).values({key_col: key, val_col: value}))
+                conn.execute(
+                    sa.insert(table).values({key_col: key} if val_col is None else {key_col: key, val_col: value})
+                )
             self._log_policy(conn, kind, name, value, operator)
 
     def _log_policy(self, conn: Connection, kind: str, name: str, value: Any, operator: str | None) -> None:
@@ -859,7 +862,7 @@ class SqlStore(SqlClaims, Operations):
     def policies(self) -> dict[str, Any]:
         """Every policy the gates read, in one snapshot (``Operations.policies`` describes the shape)."""
         with self._tx() as conn:
-            ks = {r.scope: bool(r.engaged) for r in conn.execute(sa.select(kill_switches))}
+            ks = {r.scope: True for r in conn.execute(sa.select(kill_switches))}
             rl = {
                 r.account: {
                     "max_sends": r.max_sends,
