@@ -259,8 +259,14 @@ class SqlStore(SqlClaims, Operations):
             return float(conn.execute(sa.select(self._now)).scalar_one())
 
     def _next_generation(self, conn: Connection) -> int:
-        """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction."""
-        return conn.execute(self._sql.next_generation()).scalar_one()
+        """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction (the statement
+        built and compiled once, then sent to the driver as it is)."""
+        stmts = self._cache.get(("<generation>", frozenset()))
+        if stmts is None:
+            stmts = self._cache[("<generation>", frozenset())] = {"next": self._sql.next_generation()}
+        row = self._exec.run_sqlite(conn, stmts, "next", {})
+        assert row is not None, "the generation row is seeded by the migrations"
+        return int(row["value"])
 
     @staticmethod
     def _intent(row: Mapping[str, Any] | RowMapping) -> Intent:
