@@ -307,11 +307,11 @@ class SqlStore(SqlClaims, Operations):
                 if made is None:
                     return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
                 return self._intent(made), True
-        with self._tx() as conn:
-            row = conn.execute(stmts["insert"], params).mappings().first()
+        with self._tx() as conn:  # the compiled statements straight to the driver, as a move's are
+            row = self._exec.run_sqlite(conn, stmts, "insert", params)
             if row is None:
                 return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
-            conn.execute(stmts["history"], params)
+            self._exec.run_sqlite(conn, stmts, "history", params, fetch=False)
             return self._intent(row), True
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
