@@ -308,11 +308,11 @@ class SqlStore(SqlClaims, Operations):
                     return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
                 return self._intent(made), True
         with self._tx() as conn:  # the compiled statements straight to the driver, as a move's are
-            row = self._exec.run_sqlite(conn, stmts, "insert", params)
-            if row is None:
+            inserted = self._exec.run_sqlite(conn, stmts, "insert", params)
+            if inserted is None:
                 return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
             self._exec.run_sqlite(conn, stmts, "history", params, fetch=False)
-            return self._intent(row), True
+            return self._intent(inserted), True
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
     def _guard_values(self, key: str, args: Mapping[str, Any]) -> dict[str, Any]:
