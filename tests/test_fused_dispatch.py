@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from atmostonce import GuardRefused, IntakeError, Rejected
+from atmostonce.errors import SOURCE_STATE
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper
 from atmostonce.transport import Capabilities, Found, NotFound, NotSent, Sent, Unknown
 from tests.helpers import submit
@@ -148,6 +149,30 @@ def test_a_fused_dispatch_ends_where_the_step_by_step_one_does(any_store, platfo
     assert events(store, fused.key) == events(store, stepwise.key)
     one, other = store.get(fused.key), store.get(stepwise.key)
     assert (one.state, one.remote_id is None) == (other.state, other.remote_id is None)
+
+
+def test_dispatching_the_submitted_intent_itself_ends_as_dispatching_its_key(any_store):
+    store = any_store.store
+    by_intent, by_key = submit(store, text="snapshot"), submit(store, text="by key", target="room-2")
+    assert Dispatcher(store, Platform(), CONFIG).dispatch(by_intent) == Dispatcher(store, Platform(), CONFIG).dispatch(
+        by_key.key
+    )
+    assert events(store, by_intent.key) == events(store, by_key.key)
+    assert store.get(by_intent.key).state == store.get(by_key.key).state == "published"
+
+
+def test_a_stale_intent_snapshot_is_refused_by_the_store_and_sends_nothing(any_store):
+    store = any_store.store
+    it = submit(store)
+    first = Platform()
+    assert Dispatcher(store, first, CONFIG).dispatch(it) == "read_back.match"
+    again = Platform()
+    with pytest.raises(Rejected) as e:
+        Dispatcher(store, again, CONFIG).dispatch(it)  # the pending snapshot of a now published intent
+    assert (e.value.event, e.value.guard, e.value.state) == ("begin", SOURCE_STATE, "published")
+    assert again.sends == 0
+    assert store.get(it.key).state == "published"
+    assert len(store.attempts(it.key)) == 1
 
 
 def test_a_kill_switch_stops_a_fused_dispatch_before_anything_is_begun(any_store):

@@ -145,6 +145,26 @@ def test_driver_errors_are_mapped_to_store_error(tmp_path):
     store.close()
 
 
+def test_a_sqlite_write_lock_held_elsewhere_is_a_store_error_and_moves_nothing(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "x.sqlite3"
+    store = open_store(f"sqlite:///{path}")
+    it = submit(store)
+    sa.event.listen(store.engine, "connect", lambda dbapi_conn, _r: dbapi_conn.execute("PRAGMA busy_timeout=50"))
+    store.engine.dispose()  # every connection from here on waits 50 ms for a lock, not 30 s
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock: BEGIN IMMEDIATE cannot start
+    try:
+        with pytest.raises(StoreError):
+            store.begin(it.key)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert store.get(it.key).state == "pending"
+    store.close()
+
+
 def test_unsupported_urls_are_refused():
     with pytest.raises(ValueError):
         make_engine("mysql://nobody@localhost/x")

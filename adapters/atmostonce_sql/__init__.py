@@ -8,6 +8,7 @@ replication"); it is taken out of the URL before libpq sees it.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import sqlalchemy as sa
@@ -106,7 +107,12 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # straight to the driver (SQLAlchemy's execution context costs more than the statement); a driver
+            # error is wrapped as SQLAlchemy would have, so the store maps it as any other
+            try:
+                conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise sa.exc.DBAPIError.instance("BEGIN IMMEDIATE", None, exc, sqlite3.Error) from exc
 
         return engine
     if url.startswith("postgresql"):

@@ -259,8 +259,14 @@ class SqlStore(SqlClaims, Operations):
             return float(conn.execute(sa.select(self._now)).scalar_one())
 
     def _next_generation(self, conn: Connection) -> int:
-        """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction."""
-        return conn.execute(self._sql.next_generation()).scalar_one()
+        """SQLite's stand-in for a SEQUENCE, bumped inside the (write-serialized) transaction (the statement
+        built and compiled once, then sent to the driver as it is)."""
+        stmts = self._cache.get(("<generation>", frozenset()))
+        if stmts is None:
+            stmts = self._cache[("<generation>", frozenset())] = {"next": self._sql.next_generation()}
+        row = self._exec.run_sqlite(conn, stmts, "next", {})
+        assert row is not None, "the generation row is seeded by the migrations"
+        return int(row["value"])
 
     @staticmethod
     def _intent(row: Mapping[str, Any] | RowMapping) -> Intent:
@@ -301,12 +307,12 @@ class SqlStore(SqlClaims, Operations):
                 if made is None:
                     return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
                 return self._intent(made), True
-        with self._tx() as conn:
-            row = conn.execute(stmts["insert"], params).mappings().first()
-            if row is None:
+        with self._tx() as conn:  # the compiled statements straight to the driver, as a move's are
+            inserted = self._exec.run_sqlite(conn, stmts, "insert", params)
+            if inserted is None:
                 return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
-            conn.execute(stmts["history"], params)
-            return self._intent(row), True
+            self._exec.run_sqlite(conn, stmts, "history", params, fetch=False)
+            return self._intent(inserted), True
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
     def _guard_values(self, key: str, args: Mapping[str, Any]) -> dict[str, Any]:

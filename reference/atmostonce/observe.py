@@ -115,6 +115,20 @@ def record_lookup(outcome: str) -> None:
     _count("lookups", {"outcome": outcome})
 
 
+_tracer_seen: tuple[Any, Any] = (None, None)
+
+
+def _tracer(provider: Any) -> Any:
+    """The ``atmostonce`` tracer of ``provider``, made once per provider (a provider installed later is
+    another object and gets its own; the global proxy's tracer follows the provider set behind it)."""
+    global _tracer_seen
+    seen, tracer = _tracer_seen
+    if provider is not seen:
+        tracer = provider.get_tracer("atmostonce")
+        _tracer_seen = (provider, tracer)
+    return tracer
+
+
 @contextlib.contextmanager
 def span(name: str, **attributes: Any) -> Iterator[Any]:
     """A span ``atmostonce.<name>`` around a step (no-op without OpenTelemetry); yields the span (or
@@ -122,7 +136,7 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
     if _otel_trace is None:
         yield None
         return
-    tracer = (_providers["tracer"] or _otel_trace.get_tracer_provider()).get_tracer("atmostonce")
+    tracer = _tracer(_providers["tracer"] or _otel_trace.get_tracer_provider())
     attrs = {f"atmostonce.{k}": v for k, v in attributes.items() if v is not None}
     with tracer.start_as_current_span(f"atmostonce.{name}", attributes=attrs) as s:
         yield s

@@ -20,9 +20,9 @@ from .identity import (
     IdentityError,
     canonical_json,
     delivery_key,
+    digest_bytes,
     load_canonical,
     platform_idempotency_key,
-    request_digest,
     text_digest,
 )
 
@@ -436,7 +436,7 @@ def prepare_submission(
         target=target,
         request=stored,
         request_json=raw.decode("utf-8"),
-        request_digest=request_digest(stored),
+        request_digest=digest_bytes(raw),  # request_digest(stored): the canonical bytes are already in hand
         max_attempts=_positive_int("max_attempts", max_attempts),
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
         text_hash=text_digest(stored[text_field]) if isinstance(stored.get(text_field), str) else None,

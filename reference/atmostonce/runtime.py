@@ -228,22 +228,29 @@ class Dispatcher:
         refused = self.store.check(EVENT.authorize_dispatch, intent.key, guards=tuple(gates))
         return None if refused is None else gates.get(refused)
 
-    def dispatch(self, key: str) -> str:
+    def dispatch(self, key: str | Intent) -> str:
         """Dispatch ``key`` once; returns the outcome name from the table (e.g. ``read_back.match``).
+
+        ``key`` may be the :class:`Intent` itself (as ``submit`` just returned it): the dispatch then
+        starts from that snapshot instead of reading the row again. A stale snapshot costs nothing
+        unsafe: every move is still the store's conditional write, and an intent that went round since
+        (new epochs, another request) is caught after the authorization before any byte is sent.
 
         Raises :class:`Rejected` when ``begin`` or ``authorize_dispatch`` refuses (nothing was sent),
         :class:`SimulatedCrash` when the crash hook fires.
         """
-        before = self.store.get(key)
+        before = key if isinstance(key, Intent) else self.store.get(key)
         fused = self.fused if self.fused is not None else (self.work is None and self.crash is None)
         # a store written before the fused moves (no begin_and_authorize / record_sent) goes step by step
         fused = fused and hasattr(self.store, "begin_and_authorize") and hasattr(self.store, "record_sent")
         if fused and not before.requires_approval:
             return self._dispatch_fused(before)
-        return self._dispatch_stepwise(before)
+        # the step-by-step path starts from the row as it is now (its pre-checks read the snapshot)
+        return self._dispatch_stepwise(self.store.get(before.key) if isinstance(key, Intent) else before)
 
     def _dispatch_fused(self, before: Intent) -> str:
-        """The hot path: one read, one commit before the bytes, one after (two without read-back)."""
+        """The hot path: one read (none when the caller passed the intent), one commit before the bytes,
+        one after (two without read-back)."""
         wire = wire_request(before)
         refusal = retraction_refusal(self.transport, wire.action)
         if refusal is not None:

@@ -7,7 +7,7 @@ nothing, and records the outcome. Every system does exactly that on the same ser
   the no-op send, a conditional ``UPDATE ... WHERE state = 'authorized'`` (autocommit);
 * ``agent-once`` 0.1.0 (``once.Once(store=PostgresStore(dsn)).execute``);
 * ``exactly-once`` 0.2.1 (``exactly_once.once(Store.postgres(dsn), key=...)``);
-* ``atmostonce``: ``store.submit`` then ``Dispatcher.dispatch`` with a transport whose send and
+* ``atmostonce``: ``store.submit`` then ``Dispatcher.dispatch`` of the intent it returned, with a transport whose send and
   read-back do nothing (submit, authorization, outcome: docs/design.md#two-durable-points-per-send).
 
 PostgreSQL 15 runs with fsync on, ``pg_stat_statements`` loaded; every system's tables are
@@ -183,7 +183,7 @@ def aom(url: str) -> tuple[Callable[[int, str], None], Callable[[], None]]:
 
     def call(i: int, tag: str) -> None:
         it = store.submit("bench", "post", f"room-{i % 97}", {"text": f"bench {tag} {i}"})
-        outcome = dispatcher.dispatch(it.key)
+        outcome = dispatcher.dispatch(it)  # the intent submit returned: no second read of the row
         if outcome != "read_back.match":
             raise RuntimeError(f"a protected call ended {outcome}")
 
