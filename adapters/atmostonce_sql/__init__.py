@@ -139,7 +139,14 @@ def open_store(
     ha = kw.pop("ha", None) or ha_in_url
     if ha is not None:
         kw["ha"] = ha
-    engine = make_engine(url, pool_size=pool_size)
+    return open_on(make_engine(url, pool_size=pool_size), url, migrate, check_sequences, create, SqlStore, **kw)
+
+
+def open_on(
+    engine: Engine, url: str, migrate: bool, check_sequences: bool, create: bool, store_class: type[SqlStore], **kw: Any
+) -> SqlStore:
+    """:func:`open_store`'s checks and migrations on an engine made for ``url``, then ``store_class(engine, **kw)``
+    (``atmostonce_sql.aio`` runs it over an async engine's ``sync_engine``, inside a greenlet)."""
     if not create:
         missing = _missing_sqlite_file(engine)
         if missing is not None:
@@ -164,7 +171,7 @@ def open_store(
     if behind:
         engine.dispose()
         raise SequenceBehind(behind)
-    return SqlStore(engine, **kw)
+    return store_class(engine, **kw)
 
 
 def _missing_sqlite_file(engine: Engine) -> str | None:
