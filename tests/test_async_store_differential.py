@@ -13,6 +13,8 @@ from atmostonce.testing.stateful import StoreUnderTest, make_machine
 
 from .test_store_differential import PROFILE
 
+pytestmark = pytest.mark.slow  # a minute each: `make test` runs them, `make quick` does not
+
 
 def _run(dbs):
     from atmostonce_sql.aio import BlockingStore, open_async_store

@@ -20,7 +20,26 @@ from .roles import grant_app_role
 from .sequences import sequences_behind
 from .store import HA_MODES, SqlStore, register_sqlite_functions
 
-__all__ = ["SqlStore", "grant_app_role", "make_engine", "open_store", "split_ha_mode", "upgrade"]
+__all__ = [
+    "AsyncSqlStore",
+    "SqlStore",
+    "grant_app_role",
+    "make_engine",
+    "open_async_store",
+    "open_store",
+    "split_ha_mode",
+    "upgrade",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``AsyncSqlStore`` and ``open_async_store`` from ``atmostonce_sql.aio``, imported when first asked for."""
+    if name in ("AsyncSqlStore", "open_async_store"):
+        from . import aio
+
+        return getattr(aio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 HA_PARAM = "atmostonce_ha"
 

@@ -113,7 +113,7 @@ def open_store(url: str | None = None, **options: Any) -> Store:
 def async_store_factory(url: str | None = None) -> Callable[..., Awaitable[Any]] | None:
     """The ``atmostonce.async_stores`` factory for ``url``'s scheme, or ``None`` when the scheme has no native
     asyncio store (``memory://``, a plugin with only a sync store). Raises ``ModuleNotFoundError`` naming the
-    extra to install when the async driver is missing (``atmostonce[asyncio]``)."""
+    extra to install when the async driver is missing (``atmostonce[postgres]`` for PostgreSQL)."""
     scheme = scheme_of(resolve_url(url))
     try:
         factory, _ = _factory(scheme, "atmostonce.async_stores", _ASYNC_FALLBACK)
@@ -122,10 +122,9 @@ def async_store_factory(url: str | None = None) -> Callable[..., Awaitable[Any]]
                 import_module(module)
         return factory
     except ModuleNotFoundError as exc:
-        extra = "postgres" if exc.name == "psycopg" else "asyncio"
+        hint = "pip install 'atmostonce[postgres]'" if exc.name == "psycopg" else "reinstall atmostonce"
         raise ModuleNotFoundError(
-            f"the async {scheme} store needs {exc.name!r}, which is not installed: pip install 'atmostonce[{extra}]'",
-            name=exc.name,
+            f"the async {scheme} store needs {exc.name!r}, which is not installed: {hint}", name=exc.name
         ) from exc
 
 
