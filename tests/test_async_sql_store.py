@@ -147,3 +147,28 @@ def test_a_scheme_without_an_async_store_keeps_its_synchronous_store():
     assert asyncio.run(go()) is None
     with pytest.raises(ValueError, match="no async store"):
         asyncio.run(atmostonce.open_async_store("memory://"))
+
+
+@pytest.mark.postgres
+def test_a_pipelined_transaction_whose_later_step_fails_writes_none_of_its_moves(pg_databases):
+    from atmostonce_sql.aio import open_async_store
+
+    url = pg_databases.fresh()
+
+    async def scenario():
+        async with await open_async_store(url, migrate=False, pool_size=1) as store:
+            it = await store.submit("acct", "post", "room", {"text": "hi"})
+
+            def broken(_prev):
+                raise RuntimeError("the second move's arguments could not be built")
+
+            with pytest.raises(RuntimeError):
+                steps = [(EVENT.begin, {"lease_seconds": 30.0}), (EVENT.authorize_dispatch, broken)]
+                await store.call(store.sync._moves, it.key, steps)
+            # the begin sent before the failure was rolled back with it: the intent is pending, its connection clean
+            lease, authorized = await store.begin_and_authorize(it.key, request_digest=it.request_digest)
+            return authorized.state, [h.event for h in await store.history(it.key)]
+
+    state, history = asyncio.run(scenario())
+    assert state == STATE.authorized
+    assert history == [EVENT.submit, EVENT.begin, EVENT.authorize_dispatch]

@@ -148,6 +148,12 @@ class AsyncExecutor(Executor):
             if getattr(orig, "sqlstate", None) == REFUSED_SQLSTATE:
                 raise MoveRefused(orig.diag.message_detail) from exc  # type: ignore[union-attr]  # psycopg's
             raise
+        except BaseException:  # a cancelled task, a failed argument: roll back here (the pool's reset on return
+            try:  # would too: psycopg's rollback asks the server whether a transaction is open)
+                conn.exec_driver_sql("ROLLBACK")
+            except BaseException:
+                conn.invalidate()  # the pool must not hand out a connection inside a transaction
+            raise
 
 
 class _SentPipeline(Pipeline):
