@@ -172,3 +172,29 @@ def test_a_pipelined_transaction_whose_later_step_fails_writes_none_of_its_moves
     state, history = asyncio.run(scenario())
     assert state == STATE.authorized
     assert history == [EVENT.submit, EVENT.begin, EVENT.authorize_dispatch]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cancelling_a_run_on_the_native_store_records_the_send_unknown_never_not_sent(request, kind):
+    import atmostonce
+    from atmostonce.runtime import RuntimeConfig
+    from atmostonce.transport import CANCELLED_SEND
+    from tests.test_aio import QUICK, AsyncEcho
+
+    url, echo = _dbs(request, kind).fresh(), AsyncEcho(hold=True)
+
+    async def go():
+        async with atmostonce.open_async(url, transport=echo, config=RuntimeConfig(), **QUICK) as outbox:
+            it = await outbox.submit("acct", "post", "room-1", {"text": "hi"})
+            run = asyncio.create_task(outbox.run(until_idle=True, timeout=30))
+            assert await asyncio.to_thread(echo.entered.wait, 10)  # the send is at the platform
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            history = await outbox.async_store.history(it.key)
+            return (await outbox.get(it.key)), history, outbox.async_store.table
+
+    after, history, table = asyncio.run(go())
+    assert after.state == STATE.indeterminate and after.attempt_count == 1
+    unknown = [h for h in history if h.event == table.outcomes["send.unknown"].event]
+    assert len(unknown) == 1 and str(unknown[0].detail["reason"]).startswith(CANCELLED_SEND)
