@@ -96,3 +96,50 @@ def test_a_postgresql_url_without_the_postgres_extra_names_the_extra(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "pip install 'atmostonce[postgres]'" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_async_front_door_runs_on_sqlite_with_the_core_install_alone(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import asyncio, importlib.abc, sys
+
+        class NoExtras(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {EXTRA_MODULES!r}:
+                    raise ImportError("not in the core install: " + name)
+                return None
+
+        sys.meta_path.insert(0, NoExtras())
+        import atmostonce
+        from atmostonce.transport import Capabilities, Found, NotFound, Sent
+
+        class Echo:
+            name, protocol_version = "echo", 1
+            capabilities = Capabilities(read_back=True, lookup_by_key=True)
+            def __init__(self):
+                self.objects = {{}}
+            async def send(self, request):
+                rid = "obj-" + str(len(self.objects))
+                self.objects[rid] = dict(request.body)
+                return Sent(rid)
+            async def read_back(self, remote_id):
+                return Found(remote_id, self.objects[remote_id])
+            async def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
+                return NotFound()
+            def matches(self, request, found):
+                return dict(found.body or {{}}) == dict(request.body)
+            async def aclose(self):
+                pass
+
+        async def main():
+            async with atmostonce.open_async("sqlite:///outbox.sqlite3", transport=Echo()) as outbox:
+                it = await outbox.submit("acct", "post", "room", {{"text": "hi"}})
+                await outbox.run(until_idle=True, timeout=60)
+                print(type(outbox.async_store).__name__, (await outbox.get(it.key)).state)
+
+        asyncio.run(main())
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["AsyncSqlStore", "published"]

@@ -21,7 +21,26 @@ from .roles import grant_app_role
 from .sequences import sequences_behind
 from .store import HA_MODES, SqlStore, register_sqlite_functions
 
-__all__ = ["SqlStore", "grant_app_role", "make_engine", "open_store", "split_ha_mode", "upgrade"]
+__all__ = [
+    "AsyncSqlStore",
+    "SqlStore",
+    "grant_app_role",
+    "make_engine",
+    "open_async_store",
+    "open_store",
+    "split_ha_mode",
+    "upgrade",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """``AsyncSqlStore`` and ``open_async_store`` from ``atmostonce_sql.aio``, imported when first asked for."""
+    if name in ("AsyncSqlStore", "open_async_store"):
+        from . import aio
+
+        return getattr(aio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 HA_PARAM = "atmostonce_ha"
 
@@ -145,7 +164,14 @@ def open_store(
     ha = kw.pop("ha", None) or ha_in_url
     if ha is not None:
         kw["ha"] = ha
-    engine = make_engine(url, pool_size=pool_size)
+    return open_on(make_engine(url, pool_size=pool_size), url, migrate, check_sequences, create, SqlStore, **kw)
+
+
+def open_on(
+    engine: Engine, url: str, migrate: bool, check_sequences: bool, create: bool, store_class: type[SqlStore], **kw: Any
+) -> SqlStore:
+    """:func:`open_store`'s checks and migrations on an engine made for ``url``, then ``store_class(engine, **kw)``
+    (``atmostonce_sql.aio`` runs it over an async engine's ``sync_engine``, inside a greenlet)."""
     if not create:
         missing = _missing_sqlite_file(engine)
         if missing is not None:
@@ -170,7 +196,7 @@ def open_store(
     if behind:
         engine.dispose()
         raise SequenceBehind(behind)
-    return SqlStore(engine, **kw)
+    return store_class(engine, **kw)
 
 
 def _missing_sqlite_file(engine: Engine) -> str | None:

@@ -126,6 +126,9 @@ class SqlStore(SqlClaims, Operations):
     operation checks a connection out of the engine's pool.
     """
 
+    _executor_class: type[Executor] = Executor
+    """The driver layer (``atmostonce_sql.aio`` gives the async stores their own)."""
+
     def __init__(
         self,
         engine: Engine,
@@ -156,7 +159,7 @@ class SqlStore(SqlClaims, Operations):
         self._now = db_now(self.dialect)
         if self.dialect == "sqlite":  # engines made elsewhere than make_engine get the audit function too
             sa.event.listen(engine, "connect", lambda dbapi_conn, _record: register_sqlite_functions(dbapi_conn))
-        self._exec = Executor(engine, self._check_timeline if self.ha is not None else None)
+        self._exec = self._executor_class(engine, self._check_timeline if self.ha is not None else None)
         """The driver: transactions, compiled sends, the pipeline, and the map from driver errors."""
         self._autocommit = self._exec.autocommit
         self._builder: Statements | None = None

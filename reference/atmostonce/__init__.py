@@ -27,7 +27,7 @@ from .errors import (
 )
 from .identity import DeliveryKey, attempt_token, canonical_json, delivery_key, normalize_text, request_digest
 from .model import MemoryStore
-from .plugins import open_store
+from .plugins import open_async_store, open_store
 from .records import Attempt, HistoryEntry, Intent, Lease, Plan, Reconciliation
 from .service import Outbox, OutboxReport, open_outbox
 from .store import Store
@@ -71,6 +71,7 @@ __all__ = [
     "load_table",
     "normalize_text",
     "open_async",
+    "open_async_store",
     "open_outbox",
     "open_store",
     "request_digest",

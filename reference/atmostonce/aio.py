@@ -1,4 +1,4 @@
-"""The outbox for asyncio programs (docs/design.md#asyncio-the-threaded-async-outbox).
+"""The outbox for asyncio programs (docs/design.md#asyncio-the-async-outbox-and-stores).
 
 ``atmostonce.open_async(url, transport=...)`` returns an :class:`AsyncOutbox` over an
 :class:`~atmostonce.transport.AsyncTransport` (``atmostonce_http.AsyncHttpTransport``)::
@@ -7,11 +7,15 @@
         await outbox.submit("my-account", "post", "room-42", {"text": "hello"})  # idempotent
         await outbox.run(until_idle=True)
 
-**Threaded, for now.** This first async outbox runs the synchronous :class:`~atmostonce.service.Outbox`
-(its store, dispatch workers, sweeper and reconciler) in worker threads through ``asyncio.to_thread``; only
-the platform calls are asynchronous: each send, read-back and lookup is awaited on the caller's event loop
-through :class:`ThreadedTransport`. The store is the synchronous one, its calls made from threads, never on
-the loop. Native async stores come later. Every write is still the runtime's, under the table's guards.
+**The store is native, the service threaded.** For a URL whose scheme has a native asyncio store
+(``sqlite://``, ``postgresql://``: :func:`atmostonce.open_async_store`, ``atmostonce_sql.AsyncSqlStore``) the
+store is opened and every store operation awaited on the caller's event loop: :meth:`AsyncOutbox.submit` and
+:meth:`AsyncOutbox.get` directly, the service's through :class:`LoopStore`. The service itself (dispatch
+workers, sweeper, reconciler) is still the synchronous :class:`~atmostonce.service.Outbox` in worker threads
+(``asyncio.to_thread``); each of its store calls and platform calls is a coroutine run on the loop
+(:class:`LoopStore`, :class:`ThreadedTransport`) that the worker thread waits on. A scheme with no async store
+(``memory://``, a sync-only plugin) keeps its synchronous store, called from the worker threads. Every write
+is still the runtime's, under the table's guards.
 
 Cancellation: cancelling :meth:`AsyncOutbox.run` stops the service (no new key is taken) and cancels the
 sends in flight. A send cancelled after authorization may already have written its bytes: it is recorded
@@ -28,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from .errors import AtMostOnceError
-from .plugins import open_store
+from .plugins import async_store_factory, open_store, resolve_url
 from .protocols import OutboxStore
 from .records import Intent
 from .service import Outbox, OutboxReport
@@ -43,7 +47,7 @@ from .transport import (
     cancelled_send,
 )
 
-__all__ = ["AsyncOutbox", "ThreadedTransport", "TransportCancelled", "open_async"]
+__all__ = ["AsyncOutbox", "LoopStore", "ThreadedTransport", "TransportCancelled", "open_async"]
 
 _T = TypeVar("_T")
 
@@ -120,27 +124,70 @@ class ThreadedTransport:
         pass
 
 
+class LoopStore:
+    """A synchronous store over a native asyncio store (every operation a coroutine,
+    ``atmostonce_sql.AsyncSqlStore``), for the service's worker threads: each operation runs on ``loop`` and the
+    calling thread waits for its result or its exception. Store calls are never cancelled from here: a worker
+    that recorded an authorization always gets to record its outcome. Calling it on ``loop``'s own thread
+    raises ``RuntimeError`` (it would wait on itself: await the async store there). Attributes that are not
+    operations are the async store's. :meth:`close` does nothing: the async store is closed on its loop
+    (``aclose``)."""
+
+    def __init__(self, store: Any, loop: asyncio.AbstractEventLoop):
+        self.inner, self.loop = store, loop
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def operation(*args: Any, **kwargs: Any) -> Any:
+            if _running_loop() is self.loop:
+                raise RuntimeError(f"store.{name} called on the event loop: await the async store instead")
+            return asyncio.run_coroutine_threadsafe(attr(*args, **kwargs), self.loop).result()
+
+        operation.__name__ = name
+        return operation
+
+    def close(self) -> None:
+        pass
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class AsyncOutbox:
     """The outbox service for asyncio: :class:`~atmostonce.service.Outbox` run in worker threads (see the
-    module), its sends awaited on this event loop through ``transport``.
+    module), its sends, and with a native async store its store operations, awaited on this event loop.
 
-    Made by :func:`open_async`; use ``async with`` (or :meth:`open` and :meth:`aclose`). ``options`` are the
-    :class:`~atmostonce.service.Outbox`'s (``workers=``, ``config=``, ...). ``outbox.store`` is the
-    synchronous store (its calls block: from a coroutine, use :meth:`get` or ``asyncio.to_thread``).
+    Made by :func:`open_async`; use ``async with`` (or :meth:`open` and :meth:`aclose`). ``open_store_`` opens a
+    synchronous store (in a thread), ``open_native`` a native async one (awaited; it is closed with
+    ``aclose``); give one. ``options`` are the :class:`~atmostonce.service.Outbox`'s (``workers=``,
+    ``config=``, ...). ``outbox.store`` is the store the service calls (its calls block: from a coroutine use
+    :meth:`get`, or :attr:`async_store`).
     """
 
     def __init__(
         self,
-        open_store_: Callable[[], OutboxStore],
+        open_store_: Callable[[], OutboxStore] | None,
         transport: AsyncTransport,
         *,
         close_transport: bool = True,
+        open_native: Callable[[], Awaitable[Any]] | None = None,
         **options: Any,
     ):
+        if (open_store_ is None) == (open_native is None):
+            raise ValueError("give one of open_store_ (a sync store) and open_native (an async store)")
         self._open_store, self.transport, self.close_transport = open_store_, transport, close_transport
+        self._open_native = open_native
         self._options = options
         self._outbox: Outbox | None = None
         self._bridge: ThreadedTransport | None = None
+        self._native: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def open(self) -> AsyncOutbox:
@@ -148,21 +195,32 @@ class AsyncOutbox:
         opening raises, ``ValueError`` for a bad option, ``RuntimeError`` when already open."""
         if self._outbox is not None:
             raise RuntimeError("this async outbox is already open")
-        store = await asyncio.to_thread(self._open_store)
-        self._bridge = ThreadedTransport(self.transport, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        store: Any
+        if self._open_native is not None:
+            native = await self._open_native()
+            store = LoopStore(native, loop)
+        else:
+            assert self._open_store is not None
+            native, store = None, await asyncio.to_thread(self._open_store)
+        self._bridge = ThreadedTransport(self.transport, loop)
         try:
             self._outbox = Outbox(store, self._bridge, close_store=True, close_transport=False, **self._options)
         except BaseException:
-            await asyncio.to_thread(store.close)
+            await (native.aclose() if native is not None else asyncio.to_thread(store.close))
             raise
+        self._native = native
         return self
 
     async def aclose(self) -> None:
         """Stop gracefully (each worker finishes its dispatch), close the store, then the async transport when
         this outbox owns it. Idempotent."""
         outbox, self._outbox = self._outbox, None
+        native, self._native = self._native, None
         if outbox is not None:
             await asyncio.to_thread(outbox.close)
+        if native is not None:
+            await native.aclose()
         if self.close_transport:
             self.close_transport = False
             await self.transport.aclose()
@@ -182,18 +240,35 @@ class AsyncOutbox:
 
     @property
     def store(self) -> OutboxStore:
+        """The store the service calls (for a native async store its :class:`LoopStore`: not on the loop)."""
         return self.outbox.store
+
+    @property
+    def async_store(self) -> Any:
+        """The native async store (``atmostonce_sql.AsyncSqlStore``; await its operations), or ``None`` when the
+        URL's scheme has none (the service then calls the synchronous :attr:`store` from its threads)."""
+        self.outbox  # noqa: B018 - raises before open
+        return self._native
 
     # -- intake and reads -----------------------------------------------------------------------------
     async def submit(
         self, account: str, action_kind: str, target: str, request: Mapping[str, Any], **options: Any
     ) -> Intent:
-        """:meth:`Outbox.submit <atmostonce.service.Outbox.submit>` in a thread (idempotent, same options)."""
-        return await asyncio.to_thread(self.outbox.submit, account, action_kind, target, request, **options)
+        """:meth:`Outbox.submit <atmostonce.service.Outbox.submit>` (idempotent, same options): awaited on the
+        native async store, else in a thread."""
+        outbox = self.outbox
+        if self._native is not None:
+            intent: Intent = await self._native.submit(account, action_kind, target, request, **options)
+            return intent
+        return await asyncio.to_thread(outbox.submit, account, action_kind, target, request, **options)
 
     async def get(self, key: str) -> Intent:
-        """``store.get(key)`` in a thread."""
-        return await asyncio.to_thread(self.outbox.store.get, key)
+        """``store.get(key)``: awaited on the native async store, else in a thread."""
+        outbox = self.outbox
+        if self._native is not None:
+            intent: Intent = await self._native.get(key)
+            return intent
+        return await asyncio.to_thread(outbox.store.get, key)
 
     def report(self) -> OutboxReport:
         return self.outbox.report()
@@ -239,9 +314,14 @@ def open_async(
     store_options: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> AsyncOutbox:
-    """``atmostonce.open_async``: an :class:`AsyncOutbox` over the store at ``url``
-    (:func:`atmostonce.open_store`, with ``store_options``; opened in a thread on entering ``async with``) and
-    ``transport``; ``options`` are the :class:`~atmostonce.service.Outbox`'s. The outbox owns both: leaving
-    ``async with`` closes the store and the transport."""
+    """``atmostonce.open_async``: an :class:`AsyncOutbox` over the store at ``url`` and ``transport``; the
+    store is the native async one when the URL's scheme has it (:func:`atmostonce.open_async_store`, awaited on
+    entering ``async with``), else the synchronous one (:func:`atmostonce.open_store`, opened in a thread);
+    ``store_options`` go to either. ``options`` are the :class:`~atmostonce.service.Outbox`'s. The outbox owns
+    both: leaving ``async with`` closes the store and the transport."""
     opts = dict(store_options or {})
+    factory = async_store_factory(url)
+    if factory is not None:
+        target = resolve_url(url)
+        return AsyncOutbox(None, transport, open_native=lambda: factory(target, **opts), **options)
     return AsyncOutbox(lambda: open_store(url, **opts), transport, **options)

@@ -1,7 +1,7 @@
 """The asyncio outbox (``atmostonce.open_async``) on SQLite and the local platform sink over
 ``AsyncHttpTransport``: the front door runs twice without a second send, and cancelling a run while a send is
 at the platform records that send unknown (never not sent), which reconciliation then settles without a resend.
-The async outbox is the threaded one (docs/design.md#asyncio-the-threaded-async-outbox)."""
+The store is the native async one (aiosqlite), the service threaded (docs/design.md#asyncio-the-async-outbox-and-stores)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def test_cancelling_a_run_during_a_send_records_it_unknown_and_reconciliation_se
             assert after.state == "indeterminate"  # never retryable (not sent)
             # the send's outcome is recorded unknown with the cancellation as its reason (a reconciler pass may
             # already have looked and found nothing yet: the sink is still sitting on the request)
-            unknown = [h for h in outbox.store.history(it.key) if h.event == t.outcomes["send.unknown"].event]
+            history = await outbox.async_store.history(it.key)
+            unknown = [h for h in history if h.event == t.outcomes["send.unknown"].event]
             assert len(unknown) == 1
             assert str(unknown[0].detail["reason"]).startswith(CANCELLED_SEND)
             assert after.attempt_count == 1
