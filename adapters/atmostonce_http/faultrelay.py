@@ -9,6 +9,7 @@ before it connects upstream). Each says what a connection is in :meth:`FaultRela
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import random
 import socket
@@ -51,7 +52,7 @@ def close_socket(sock: socket.socket | None) -> None:
         sock.close()
 
 
-class FaultRelay:
+class FaultRelay(abc.ABC):
     """Listens on ``host``:``port`` (an unused port by default) and hands each connection to
     :meth:`_accepted`; a context manager. ``io_timeout``: seconds a single socket read may block."""
 
@@ -120,10 +121,12 @@ class FaultRelay:
         self.close()
 
     def _stopping(self) -> None:
-        """Called by :meth:`close` once stopping is set, before the accept thread is joined."""
+        """Called by :meth:`close` once stopping is set, before the accept thread is joined (default: nothing)."""
+        return None
 
     def _closed(self) -> None:
-        """Called by :meth:`close` once the live connections are dropped."""
+        """Called by :meth:`close` once the live connections are dropped (default: nothing)."""
+        return None
 
     def _set_mix(self, mix: Mapping[str, float], seed: int, match: str | None = None) -> None:
         """Draw from ``mix`` (its entries checked by the caller; empty: off) for the connections whose first
@@ -155,9 +158,9 @@ class FaultRelay:
                 return
             self._accepted(client)
 
+    @abc.abstractmethod
     def _accepted(self, client: socket.socket) -> None:
         """Handle a new client connection (in a thread of its own); called on the accept thread."""
-        raise NotImplementedError
 
     def _connect_upstream(self) -> socket.socket:
         up = socket.create_connection(self.upstream, timeout=self.io_timeout)
