@@ -84,6 +84,8 @@ def test_text_digest_and_source_version_use_the_version_they_are_given(normalize
         (lambda: delivery_key("a", "post", "\t", {}), "target"),
         (lambda: source_version("", "body"), "source_id"),
         (lambda: claim_id("", {}), "source version"),
+        (lambda: ident.platform_idempotency_key(""), "delivery_key"),
+        (lambda: ident.split_platform_idempotency_key(""), "key"),
     ],
 )
 def test_an_empty_part_is_refused_with_its_name(call, name):
@@ -167,10 +169,10 @@ def test_a_registered_normalizer_checks_its_input_itself():
     v1 = ident.NORMALIZERS[1]
     with pytest.raises(IdentityError) as e:
         v1(b"x")
-    assert e.value.code == IdentityCode.NOT_STRING
+    assert (e.value.code, e.value.field) == (IdentityCode.NOT_STRING, "text")
     with pytest.raises(IdentityError) as e:
         v1("\x00")
-    assert e.value.code == IdentityCode.NUL_BYTE
+    assert (e.value.code, e.value.field) == (IdentityCode.NUL_BYTE, "text")
 
 
 def test_a_lone_carriage_return_becomes_a_line_feed():
