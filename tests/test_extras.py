@@ -26,6 +26,20 @@ EXTRA_MODULES = (
     *("pytest", "hypothesis", "mutmut", "synapse", "twisted", "signedjson", "testcontainers", "psycopg"),
     *("starlette", "uvicorn", "jinja2", "itsdangerous", "selenium", "opentelemetry"),
 )
+# the start of a script run in a fresh interpreter: importing any extra's module fails, as in a core install
+NO_EXTRAS = textwrap.dedent(
+    f"""
+    import importlib.abc, sys
+
+    class NoExtras(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in {EXTRA_MODULES!r}:
+                raise ImportError("not in the core install: " + name)
+            return None
+
+    sys.meta_path.insert(0, NoExtras())
+    """
+)
 
 
 def names(reqs: list[str]) -> set[str]:
@@ -51,17 +65,8 @@ def test_each_extra_has_what_it_is_for_and_test_has_them_all():
 
 def test_the_core_imports_and_the_front_door_run_without_any_extra(tmp_path):
     blocks = re.findall(r"^```python\n(.*?)^```$", (ROOT / "README.md").read_text("utf-8"), flags=re.S | re.M)
-    script = textwrap.dedent(
+    script = NO_EXTRAS + textwrap.dedent(
         f"""
-        import importlib.abc, sys
-
-        class NoExtras(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in {EXTRA_MODULES!r}:
-                    raise ImportError("not in the core install: " + name)
-                return None
-
-        sys.meta_path.insert(0, NoExtras())
         import atmostonce, atmostonce_cli.main, atmostonce_cli.demo, atmostonce_http, atmostonce_sql
         import atmostonce.runtime, atmostonce.service, atmostonce.audit, atmostonce.signing
         atmostonce_cli.main.build_parser()  # the settle and console commands parse without the console extra
@@ -99,17 +104,9 @@ def test_a_postgresql_url_without_the_postgres_extra_names_the_extra(tmp_path):
 
 
 def test_the_async_front_door_runs_on_sqlite_with_the_core_install_alone(tmp_path):
-    script = textwrap.dedent(
+    script = NO_EXTRAS + textwrap.dedent(
         f"""
-        import asyncio, importlib.abc, sys
-
-        class NoExtras(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in {EXTRA_MODULES!r}:
-                    raise ImportError("not in the core install: " + name)
-                return None
-
-        sys.meta_path.insert(0, NoExtras())
+        import asyncio
         import atmostonce
         from atmostonce.transport import Capabilities, Found, NotFound, Sent
 
