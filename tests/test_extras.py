@@ -105,7 +105,7 @@ def test_a_postgresql_url_without_the_postgres_extra_names_the_extra(tmp_path):
 
 def test_the_async_front_door_runs_on_sqlite_with_the_core_install_alone(tmp_path):
     script = NO_EXTRAS + textwrap.dedent(
-        f"""
+        """
         import asyncio
         import atmostonce
         from atmostonce.transport import Capabilities, Found, NotFound, Sent
@@ -114,7 +114,7 @@ def test_the_async_front_door_runs_on_sqlite_with_the_core_install_alone(tmp_pat
             name, protocol_version = "echo", 1
             capabilities = Capabilities(read_back=True, lookup_by_key=True)
             def __init__(self):
-                self.objects = {{}}
+                self.objects = {}
             async def send(self, request):
                 rid = "obj-" + str(len(self.objects))
                 self.objects[rid] = dict(request.body)
@@ -124,13 +124,13 @@ def test_the_async_front_door_runs_on_sqlite_with_the_core_install_alone(tmp_pat
             async def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
                 return NotFound()
             def matches(self, request, found):
-                return dict(found.body or {{}}) == dict(request.body)
+                return dict(found.body or {}) == dict(request.body)
             async def aclose(self):
                 pass
 
         async def main():
             async with atmostonce.open_async("sqlite:///outbox.sqlite3", transport=Echo()) as outbox:
-                it = await outbox.submit("acct", "post", "room", {{"text": "hi"}})
+                it = await outbox.submit("acct", "post", "room", {"text": "hi"})
                 await outbox.run(until_idle=True, timeout=60)
                 print(type(outbox.async_store).__name__, (await outbox.get(it.key)).state)
 
