@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,6 +39,7 @@ from atmostonce.errors import (
     SOURCE_STATE,
     GuardRefused,
     IllegalMove,
+    IntakeError,
     NoSynchronousStandby,
     Rejected,
     StoreError,
@@ -357,6 +358,58 @@ class SqlStore(SqlClaims, Operations):
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
         ev = self.table.event(event)
         return self._refusing(ev, key, args, lambda: self._apply_statements(ev, key, args))
+
+    def _batch_statements(self, ev, columns: tuple[str, ...]) -> dict[str, Any]:
+        """Cached :meth:`Statements.batch_move` of ``ev`` for a batch presenting ``columns``."""
+        cache_key = ("<batch>", ev.name, self._disabled_guards, columns)
+        hit = self._cache.get(cache_key)
+        if hit is None:
+            hit = self._cache[cache_key] = self._sql.batch_move(ev, columns, self._disabled_guards)
+        return hit
+
+    def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        """``event`` for every ``(key, args)`` of ``items`` (distinct keys) in one transaction around one
+        conditional write (docs/design.md#the-sweeper-moves-a-batch-per-statement): the batch ``UPDATE`` moves
+        every row whose source state and guards hold, and each moved row's appends (attempt outcome, history
+        row, reconciliation record: the single move's statements) run once per statement for all of them
+        (``executemany``). A row the ``UPDATE`` did not move is diagnosed as a single move's is; one that needs
+        its coupled form (an approval-gated intent's claim) is then moved on its own, as :meth:`_apply` would.
+        Returns, in the order of ``items``, the moved intent or the refusal."""
+        ev = self.table.event(event)
+        if "open_attempt" in ev.effects:  # a new attempt draws its token and generation per move
+            raise IntakeError(f"{event} opens an attempt: it is not applied in batches")
+        columns = tuple(n for n in PARAMS if any(n in args for _, args in items))
+        stmts = self._batch_statements(ev, columns)
+        appends = stmts["appends"]
+        results: dict[int, Intent | Rejected] = {}
+        coupled: list[int] = []
+        if items:
+            with self._tx() as conn:
+                self._commit_mode(conn, [ev.name])
+                params = [self._params(ev, key, args, conn) for key, args in items]
+                batch = [{"key": key, **{n: args.get(n) for n in columns}} for key, args in items]
+                constant = {k: v for k, v in params[0].items() if k[2:] not in columns and k != "p_key"}
+                rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
+                moved = {r["key"]: r for r in rows}
+                done = [params[i] for i, (key, _) in enumerate(items) if key in moved]
+                for stmt in appends if done else ():
+                    conn.execute(stmt, done)  # one statement for every moved row (executemany)
+                for i, (key, _) in enumerate(items):
+                    if key in moved:
+                        results[i] = self._intent(moved[key])
+                        continue
+                    refusal = self._diagnose(conn, ev, key, params[i])  # the refusal path only
+                    if refusal is None:
+                        coupled.append(i)
+                    else:
+                        results[i] = refusal
+        for i in coupled:  # an approval-gated intent: its move with its claim's, in a transaction of its own
+            key, args = items[i]
+            try:
+                results[i] = self._refusing(ev, key, args, lambda: self._apply_coupled(ev, key, args))  # noqa: B023
+            except Rejected as exc:
+                results[i] = exc
+        return [results[i] for i in range(len(items))]
 
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves in one transaction (one commit): each its own conditional write, as
