@@ -207,10 +207,13 @@ class Statements:
         b = self.batch(columns)
         swap = {"p_key": b.c.key, **{f"p_{n}": b.c[n] for n in columns}}
 
-        def per_row(expr: Any) -> Any:
-            def replace(el: Any) -> Any:
-                return swap.get(el.key) if isinstance(el, sa.BindParameter) else None
+        def replace(element: Any, **kw: Any) -> Any:
+            return swap.get(element.key) if isinstance(element, sa.BindParameter) else None
 
+        def per_row(expr: Any) -> Any:
+            """``expr`` with each presented value's parameter replaced by the batch row's column."""
+            if not isinstance(expr, sa.ColumnElement):
+                return expr  # a constant (an effect's NULL)
             return visitors.replacement_traverse(expr, {}, replace)
 
         x = GuardRefs(c.key, None, self.table, self.approval_table)
