@@ -192,3 +192,26 @@ def test_one_update_moves_a_whole_batch_of_each_sweeper_move(statements):
     assert len(history_inserts) == 2
     assert [store.get(k).state for k in keys] == [STATE.indeterminate] * 5 + [STATE.pending] * 4
     assert not any("g_0" in q for q, _ in sent)  # nothing refused: no diagnosis ran
+
+
+def test_a_batch_rolled_back_by_a_deadlock_is_run_again_and_moves_each_row_once(sql_store, monkeypatch):
+    from atmostonce_sql.execution import Deadlock
+    from atmostonce_sql.testing import age_leases
+
+    keys = due_group(sql_store, "deadlock")
+    age_leases(sql_store, 60)
+    run = sql_store._batch_in
+    victims = []
+
+    def once_a_victim(conn, *a):
+        if not victims:  # PostgreSQL broke a wait cycle: this transaction wrote nothing
+            victims.append(True)
+            raise Deadlock("deadlock detected")
+        return run(conn, *a)
+
+    monkeypatch.setattr(sql_store, "_batch_in", once_a_victim)
+    assert Sweeper(sql_store, CONFIG).sweep_leases() == {"expired": 2, "abandoned": 2, "skipped": 0}
+    assert victims == [True]
+    for k in keys:
+        assert [h.event for h in sql_store.history(k)][-1] in (EVENT.expire_lease, EVENT.abandon_attempt)
+        assert len([h for h in sql_store.history(k) if h.actor == ACTOR.sweeper]) == 1

@@ -361,10 +361,10 @@ class SqlStore(SqlClaims, Operations):
 
     def _batch_statements(self, ev, columns: tuple[str, ...]) -> dict[str, Any]:
         """Cached :meth:`Statements.batch_move` of ``ev`` for a batch presenting ``columns``."""
-        cache_key = ("<batch>", ev.name, self._disabled_guards, columns)
+        cache_key = ("<batch>", columns, *(ev.name, self._disabled_guards))  # disabled guards: the last item
         hit = self._cache.get(cache_key)
         if hit is None:
-            hit = self._cache[cache_key] = self._sql.batch_move(ev, columns, self._disabled_guards)
+            hit = self._cache[cache_key] = self._sql.batch_move(ev, columns, cache_key[-1])
         return hit
 
     def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
@@ -380,29 +380,19 @@ class SqlStore(SqlClaims, Operations):
             raise IntakeError(f"{event} opens an attempt: it is not applied in batches")
         columns = tuple(n for n in PARAMS if any(n in args for _, args in items))
         stmts = self._batch_statements(ev, columns)
-        appends = stmts["appends"]
         results: dict[int, Intent | Rejected] = {}
         coupled: list[int] = []
-        if items:
-            with self._tx() as conn:
-                self._commit_mode(conn, [ev.name])
-                params = [self._params(ev, key, args, conn) for key, args in items]
-                batch = [{"key": key, **{n: args.get(n) for n in columns}} for key, args in items]
-                constant = {k: v for k, v in params[0].items() if k[2:] not in columns and k != "p_key"}
-                rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
-                moved = {r["key"]: r for r in rows}
-                done = [params[i] for i, (key, _) in enumerate(items) if key in moved]
-                for stmt in appends if done else ():
-                    conn.execute(stmt, done)  # one statement for every moved row (executemany)
-                for i, (key, _) in enumerate(items):
-                    if key in moved:
-                        results[i] = self._intent(moved[key])
-                        continue
-                    refusal = self._diagnose(conn, ev, key, params[i])  # the refusal path only
-                    if refusal is None:
-                        coupled.append(i)
-                    else:
-                        results[i] = refusal
+        for attempt in range(self._BATCH_DEADLOCK_RETRIES + 1):
+            try:
+                if items:
+                    with self._tx() as conn:
+                        results, coupled = self._batch_in(conn, ev, stmts, columns, items)
+                break
+            except Deadlock:
+                # two batches locked their rows in different orders and PostgreSQL rolled this one back: it
+                # wrote nothing, and run again it moves what the other left (and refuses what it moved)
+                if attempt == self._BATCH_DEADLOCK_RETRIES:
+                    raise
         for i in coupled:  # an approval-gated intent: its move with its claim's, in a transaction of its own
             key, args = items[i]
             try:
@@ -410,6 +400,42 @@ class SqlStore(SqlClaims, Operations):
             except Rejected as exc:
                 results[i] = exc
         return [results[i] for i in range(len(items))]
+
+    _BATCH_DEADLOCK_RETRIES = 3
+    """How many times a batch rolled back by a deadlock (``Deadlock``: nothing written) is run again."""
+
+    def _batch_in(
+        self,
+        conn: Connection,
+        ev,
+        stmts: dict[str, Any],
+        columns: tuple[str, ...],
+        items: Sequence[tuple[str, Mapping[str, Any]]],
+    ) -> tuple[dict[int, Intent | Rejected], list[int]]:
+        """:meth:`_apply_batch`'s transaction: the batch ``UPDATE``, the moved rows' appends, the diagnosis of
+        each row it did not move. Returns the results by position and the positions that need their coupled
+        form."""
+        results: dict[int, Intent | Rejected] = {}
+        coupled: list[int] = []
+        self._commit_mode(conn, [ev.name])
+        params = [self._params(ev, key, args, conn) for key, args in items]
+        batch = [{"key": key, **{n: args.get(n) for n in columns}} for key, args in items]
+        constant = {k: v for k, v in params[0].items() if k[2:] not in columns and k != "p_key"}
+        rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
+        moved = {r["key"]: r for r in rows}
+        done = [params[i] for i, (key, _) in enumerate(items) if key in moved]
+        for stmt in stmts["appends"] if done else ():
+            conn.execute(stmt, done)  # one statement for every moved row (executemany)
+        for i, (key, _) in enumerate(items):
+            if key in moved:
+                results[i] = self._intent(moved[key])
+                continue
+            refusal = self._diagnose(conn, ev, key, params[i])  # the refusal path only
+            if refusal is None:
+                coupled.append(i)
+            else:
+                results[i] = refusal
+        return results, coupled
 
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves in one transaction (one commit): each its own conditional write, as
