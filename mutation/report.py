@@ -221,6 +221,8 @@ def _machine_sections(by_mutant, equivalent) -> list[str]:
                 )
             )
             used = ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards)
+            if g.preflight:  # the dispatcher's choice among approvals goes through the same predicate
+                used += "; and, without writing, the dispatcher's pre-flight of each approval (`check_approvals`)"
             lines += [
                 f"## `{g.name}` ({m} machine)",
                 "",

@@ -90,6 +90,20 @@ def test_every_machine_check_bites(monkeypatch):
             with_event(intent, "record_unknown", couples=MappingProxyType({"claim": "no_such_event"})),
             machines,
         ),
+        # a pre-flight on a guard no worker's write checks again would be the only gate
+        "preflight_guards_belong_to_worker_moves": (
+            intent,
+            machines
+            | {
+                "claim": dataclasses.replace(
+                    claim,
+                    guards=MappingProxyType(
+                        dict(claim.guards)
+                        | {"claim_owner": dataclasses.replace(claim.guards["claim_owner"], preflight=True)}
+                    ),
+                )
+            },
+        ),
         "machine_graphs_hold": (
             intent,
             machines | {"claim": with_event(claim, "reserve", guards=("no_such_guard",))},
@@ -101,6 +115,45 @@ def test_every_machine_check_bites(monkeypatch):
 
 
 # ---------------------------------------------------------------- approvals (docs/design.md#approvals-and-per-target-dispatch-claims)
+def test_the_preflight_names_for_each_approval_the_guard_the_reservation_refuses_it_by(any_store):
+    s = any_store.store
+    it = gated(s)
+    lapsed, withdrawn, live = approve(s, it, expires_in=5), approve(s, it), approve(s, it)
+    s.withdraw_approval(withdrawn.approval_id, operator="alice")
+    any_store.advance(6)
+    before = everything(s, it)
+    verdicts = s.check_approvals(it.key, request_digest=it.request_digest)
+    assert [a.approval_id for a, _ in verdicts] == [a.approval_id for a in s.approvals(it.key)]
+    assert dict((a.approval_id, g) for a, g in verdicts) == {
+        lapsed.approval_id: "approval_usable",
+        withdrawn.approval_id: "approval_usable",
+        live.approval_id: None,
+    }
+    other_bytes = dict((a.approval_id, g) for a, g in s.check_approvals(it.key, request_digest="0" * 64))
+    assert other_bytes[live.approval_id] == "approval_binds_request"
+    assert everything(s, it) == before  # a check writes nothing
+    for apv in (lapsed, withdrawn):  # the reservation refuses each by the guard the check named
+        with pytest.raises(GuardRefused) as e:
+            reserve(s, it, apv)
+        assert e.value.guard == "approval_usable"
+    with pytest.raises(GuardRefused) as e:
+        s.reserve_claim(it.key, approval_id=live.approval_id, request_digest="0" * 64, owner="w1")
+    assert e.value.guard == "approval_binds_request"
+    assert reserve(s, it, live).approval_id == live.approval_id
+
+
+def test_the_preflight_of_an_intent_without_approvals_is_empty_and_of_no_intent_refused(any_store):
+    s = any_store.store
+    it = gated(s)
+    assert s.check_approvals(it.key, request_digest=it.request_digest) == []
+    with pytest.raises(Rejected) as e:
+        s.check_approvals("no-such-key", request_digest=it.request_digest)
+    assert e.value.guard == "intent_exists"
+    with pytest.raises(IntakeError) as bad:
+        s.check_approvals(it.key, request_digest=it.request_digest, guards=["no_such_guard"])
+    assert bad.value.field == "guards"
+
+
 def test_an_approval_without_an_approver_is_refused_and_writes_nothing(any_store):
     s = any_store.store
     it = gated(s)

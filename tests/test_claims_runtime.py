@@ -54,6 +54,28 @@ def test_of_two_approved_drafts_the_second_loses_and_sends_nothing(any_store, pl
     assert s.get(b.key).state == "pending" and s.attempts(b.key) == [] and sent(sink) == 1
 
 
+def test_the_dispatcher_reserves_under_an_approval_the_preflight_passes_not_the_latest_deadline(any_store, platform):
+    sink, transport = platform
+    s = any_store.store
+    it = s.submit("acct", "post", "room", {"text": "approved twice"}, requires_approval=True)
+    live = s.approve(it.key, approver="alice", expires_in=600)
+    withdrawn = s.approve(it.key, approver="alice", expires_in=6000)  # the later deadline, but withdrawn
+    s.withdraw_approval(withdrawn.approval_id, operator="alice")
+    assert Dispatcher(s, transport, CONFIG).dispatch(it.key) == "read_back.match"
+    assert s.approval(live.approval_id).state == "consumed" and sent(sink) == 1
+
+
+def test_with_every_approval_refused_by_the_preflight_nothing_is_reserved_or_begun(any_store, platform):
+    sink, transport = platform
+    s = any_store.store
+    it = s.submit("acct", "post", "room", {"text": "approved, then not"}, requires_approval=True)
+    s.approve(it.key, approver="alice", expires_in=5)
+    any_store.advance(6)  # its deadline passed by the store clock, before the sweeper marks it expired
+    claim_moves = len(s.claim_history("room"))
+    assert Dispatcher(s, transport, CONFIG).dispatch(it.key) == "gate.awaiting_approval"
+    assert len(s.claim_history("room")) == claim_moves and s.attempts(it.key) == [] and sent(sink) == 0
+
+
 def test_an_approval_that_lapses_after_the_reservation_sends_nothing(any_store, platform):
     sink, transport = platform
     s = any_store.store

@@ -26,6 +26,7 @@ from atmostonce.runtime import (
     Worker,
     wire_request,
 )
+from atmostonce.table import machine
 from atmostonce.testing.stateful import FakeClock
 from atmostonce.transport import Capabilities, Found, NotFound, Sent, Unsupported
 from tests.helpers import begin_authorize, submit, to_state
@@ -462,18 +463,24 @@ def approved_intent():
     return base, it, request_digest(wire_request(it).body)
 
 
-@pytest.mark.parametrize("which", ["not_live", "other_bytes", "expires_now"])
-def test_only_a_live_approval_of_these_bytes_that_has_not_expired_is_usable(which):
+@pytest.mark.parametrize("guard", machine("claim").preflight_guards)
+def test_an_approval_the_stores_preflight_refuses_is_never_reserved_under(guard):
     base, it, digest = approved_intent()
-    now, live = base.now(), base.approval_table.initial
-    a = {
-        "not_live": approval("a1", digest, state="consumed", expires_at=now + 60),
-        "other_bytes": approval("a1", "0" * 64, state=live, expires_at=now + 60),
-        "expires_now": approval("a1", digest, state=live, expires_at=now),
-    }[which]
-    spy = Spy(base, approvals=lambda key: [a])
+    a = approval("a1", digest, state=base.approval_table.initial, expires_at=base.now() + 60)
+    spy = Spy(base, check_approvals=lambda key, **kw: [(a, guard)])
     assert dispatch_with(spy).dispatch(it.key) == "gate.awaiting_approval"
+    assert spy.kw("check_approvals") == [{"request_digest": digest}]
     assert spy.kw("reserve_claim") == [] and spy.kw("begin") == []
+
+
+def test_an_approval_is_no_longer_usable_at_its_exact_deadline():
+    clock = FakeClock()
+    base = MemoryStore(clock=clock)
+    it = submit(base, requires_approval=True)
+    base.approve(it.key, approver="alice", expires_in=5)
+    clock.advance(5)  # the deadline is now: usable only while it is ahead of the store clock
+    [(_, refused)] = base.check_approvals(it.key, request_digest=it.request_digest)
+    assert refused == "approval_usable"
 
 
 @pytest.mark.parametrize(("guard", "outcome"), [("claim_lease_expired", "claim.busy"), ("lost_race", "claim.refused")])
@@ -487,7 +494,7 @@ def test_the_reservation_takes_the_latest_expiring_approval_and_names_a_busy_cla
     def refuse(*a, **kw):
         raise GuardRefused("reserve", it.key, guard, "free")
 
-    spy = Spy(base, approvals=lambda key: usable, reserve_claim=refuse)
+    spy = Spy(base, check_approvals=lambda key, **kw: [(a, None) for a in usable], reserve_claim=refuse)
     assert dispatch_with(spy, owner="w3").dispatch(it.key) == outcome
     assert spy.kw("reserve_claim") == [
         {"approval_id": "a-late", "request_digest": digest, "owner": "w3", "lease_seconds": 10}

@@ -116,7 +116,8 @@ def render_state_machine(t: Table | None = None) -> str:
                 [
                     f"`{g.name}`"
                     + (" (proof of absence)" if g.proof_of_absence else "")
-                    + (" (fencing: refusal recorded)" if g.fencing else ""),
+                    + (" (fencing: refusal recorded)" if g.fencing else "")
+                    + (" (preflight: checked against each approval before the move)" if g.preflight else ""),
                     g.meaning,
                     ", ".join(f"`{e.name}`" for e in t.events.values() if g.name in e.guards),
                     _cite(g.seed),

@@ -30,6 +30,7 @@ from atmostonce.claims import (
     pick_reserve_event,
 )
 from atmostonce.errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
+from atmostonce.names import CLAIM_EVENT
 from atmostonce.records import Approval, Claim, ClaimEntry, OperatorKey, check_limit, check_text
 from atmostonce.signing import SIGNED_FIELDS
 from atmostonce.table import Table
@@ -429,6 +430,46 @@ class SqlClaims:
             if claim_refusal_recorded(exc, args):
                 self._record_claim_refusal(target, exc, args)
             raise
+
+    def _preflight_statement(self, checked: tuple[str, ...]):
+        """One ``SELECT`` of every approval of an intent with, per approval, whether each of ``checked`` passes:
+        the claim fragments of the reserve, with the candidate's id where the move binds the presented one."""
+        cache_key = ("<claim>preflight", checked)
+        hit = self._cache.get(cache_key)
+        if hit is not None:
+            return hit["select"]
+        subject, cand = intents.alias("subject"), approvals.alias("candidate")
+        x = Refs(_p("key"), cand.c.approval_id, self.table, self.approval_table)
+        passes = [
+            sa.case((CLAIM_SQL_GUARDS[g](claims.c, self._now, x), 1), else_=0).label(f"passes_{i}")
+            for i, g in enumerate(checked)
+        ]
+        stmt = (
+            sa.select(subject.c.key.label("subject_key"), *cand.c, *passes)
+            .select_from(
+                subject.outerjoin(cand, cand.c.key == subject.c.key).outerjoin(
+                    claims, claims.c.target == subject.c.target
+                )
+            )
+            .where(subject.c.key == _p("key"))
+            .order_by(cand.c.approved_at, cand.c.approval_id)  # as approvals() orders them
+        )
+        self._cache[cache_key] = {"select": stmt}
+        return stmt
+
+    def _check_approvals(self, key, args, guards):
+        checked = tuple(g for g in guards if g not in self._disabled_guards)
+        with self._tx() as conn:
+            rows = conn.execute(self._preflight_statement(checked), self._aux_params(key, args)).mappings().all()
+        if not rows:
+            raise UnknownIntent(CLAIM_EVENT.reserve, key, INTENT_EXISTS, None)
+        out = []
+        for r in rows:
+            if r["approval_id"] is None:
+                continue  # the intent's row alone: it has no approval
+            passed = {g: bool(r[f"passes_{i}"]) for i, g in enumerate(checked)}  # disabled guards are absent
+            out.append((_approval(r), next((g for g in guards if not passed.get(g, True)), None)))
+        return out
 
     def _approval_move(self, event, approval_id, args):
         with self._tx() as conn:

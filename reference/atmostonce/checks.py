@@ -290,6 +290,21 @@ def uncertain_claim_left_only_on_evidence(intent: Table, machines: dict[str, Tab
     return out
 
 
+def preflight_guards_belong_to_worker_moves(intent: Table, machines: dict[str, Table]) -> list[str]:
+    """A guard the dispatcher evaluates before a move (``preflight``) is one a worker's move of the same
+    machine checks again in its conditional write, so the pre-flight only chooses and never replaces the
+    gate; and it is not a fencing guard, whose refusal must reach the write to be recorded."""
+    out = []
+    for name, t in machines.items():
+        worker_guards = {g for e in t.events.values() if not t.actors[e.actor].human for g in e.guards}
+        for g in t.preflight_guards:
+            if g not in worker_guards:
+                out.append(f"{name}: preflight guard {g} is checked by no worker move")
+            if t.guards[g].fencing:
+                out.append(f"{name}: preflight guard {g} is fencing: its refusal must be recorded by the write")
+    return out
+
+
 def machine_graphs_hold(intent: Table, machines: dict[str, Table]) -> list[str]:
     """Each auxiliary machine passes the generic graph checks: names resolve, catalogues are used, every
     state is reachable, and no machine actor leaves a terminal state."""
@@ -309,6 +324,7 @@ MACHINE_CHECKS: dict[str, Callable[[Table, dict[str, Table]], list[str]]] = {
         in_flight_exits_move_the_claim,
         queue_exits_release_the_claim,
         uncertain_claim_left_only_on_evidence,
+        preflight_guards_belong_to_worker_moves,
     )
 }
 

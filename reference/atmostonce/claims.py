@@ -416,6 +416,29 @@ class ClaimOperations:
             c.target, c.epoch, c.owner_token, args["owner"], c.key, args["approval_id"], c.lease_expires_at
         )
 
+    def check_approvals(
+        self, key: str, *, request_digest: str, guards: Sequence[str] | None = None
+    ) -> list[tuple[Approval, str | None]]:
+        """Evaluate, without writing, the claim guards a reservation of intent ``key`` under each of its
+        approvals would check: ``guards`` (default: the claim table's ``preflight`` guards, in table order)
+        against the target's claim row, the intent and that approval, with ``request_digest`` the digest
+        of the bytes the worker means to send. The same predicates (model) or SQL fragments (one
+        ``SELECT`` over the intent's approvals) the reserve's conditional write checks again.
+
+        Returns every approval of ``key`` in :meth:`approvals` order, each with the first guard that
+        refuses it or ``None``; the claim's state is the move's to check, not this one's. Raises
+        ``UnknownIntent`` for a key with no intent and ``IntakeError`` for bad input or a guard the claim
+        table does not have (docs/design.md#approvals-and-per-target-dispatch-claims)."""
+        chosen = self.claim_table.preflight_guards if guards is None else tuple(guards)
+        stray = [g for g in chosen if g not in self.claim_table.guards]
+        if stray:
+            raise IntakeError(f"{stray} are not guards of the claim table", field="guards")
+        args = {
+            "key": check_text("key", key, max_chars=256),
+            "request_digest": check_text("request_digest", request_digest, max_chars=128),
+        }
+        return self.core._check_approvals(args["key"], args, chosen)
+
     def release_claim(self, lease: ClaimLease) -> Claim:
         """Give a reserved claim back before any byte; refused (``claim_owner``) and recorded for a stale
         epoch or token, refused (``IllegalMove``) once sending began. docs/design.md#approvals-and-per-target-dispatch-claims, docs/design.md#refusals-are-recorded."""
@@ -730,6 +753,30 @@ class MemoryClaims:
                 now,
             )
         )
+
+    def _check_approvals(
+        self, key: str, args: Mapping[str, Any], guards: tuple[str, ...]
+    ) -> list[tuple[Approval, str | None]]:
+        with self._lock:  # type: ignore[attr-defined]
+            now = self.now()  # type: ignore[attr-defined]
+            intent = self._rows.get(key)  # type: ignore[attr-defined]
+            if intent is None:
+                raise UnknownIntent(CLAIM_EVENT.reserve, key, INTENT_EXISTS, None)
+            row = self._claims.get(intent["target"]) or self._empty_claim(intent["target"], now)
+            out: list[tuple[Approval, str | None]] = []
+            for a in self.approvals(key):
+                inputs = self._claim_inputs({**args, "approval_id": a.approval_id}, intent)
+                refused = next(
+                    (
+                        g
+                        for g in guards
+                        if g not in self._disabled_guards  # type: ignore[attr-defined]
+                        and not CLAIM_GUARDS[g](row, inputs, now, self)
+                    ),
+                    None,
+                )
+                out.append((a, refused))
+            return out
 
     def _approval_move(self, event: str, approval_id: str, args: Mapping[str, Any]) -> Approval:
         with self._lock:  # type: ignore[attr-defined]

@@ -328,12 +328,9 @@ class Dispatcher:
         claim = None
         if before.requires_approval:  # docs/design.md#approvals-and-per-target-dispatch-claims: an approval of these bytes, then the target's claim
             digest = request_digest(wire_request(before).body)
-            live, now = self.store.approval_table.initial, self.store.now()
-            usable = [
-                a
-                for a in self.store.approvals(key)
-                if a.state == live and a.request_digest == digest and a.expires_at > now
-            ]
+            # the claim table's preflight guards, evaluated by the store against each approval without
+            # writing (the same predicates and SQL fragments the reservation then checks again)
+            usable = [a for a, refused in self.store.check_approvals(key, request_digest=digest) if refused is None]
             if usable and self.store.signing_required(before.account):
                 # prefer approvals whose signature checks out; the before-byte write re-checks them
                 # (approval_signature_verified, docs/design.md#signed-approvals)

@@ -175,6 +175,10 @@ class Guard:
     fencing: bool = False
     """The guard catches a writer acting on a stale view (a superseded lease, an older restore epoch, a plan
     the row has moved past): its refusal is recorded with what the writer presented."""
+    preflight: bool = False
+    """A guard of an auxiliary machine the dispatcher evaluates, without writing, against each candidate it
+    could present (every approval of the intent), choosing only among those that pass: the same predicate
+    or SQL fragment the move then checks again in its conditional write."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +262,12 @@ class Table:
     def fencing_guards(self) -> tuple[str, ...]:
         """Guards whose refusals are recorded (``fencing = true``): they catch a stale view."""
         return tuple(g.name for g in self.guards.values() if g.fencing)
+
+    @property
+    def preflight_guards(self) -> tuple[str, ...]:
+        """Guards the dispatcher evaluates against each candidate before the move (``preflight = true``),
+        for example the claim machine's ``("approval_usable", "approval_binds_request")``."""
+        return tuple(g.name for g in self.guards.values() if g.preflight)
 
     @property
     def waiting_guards(self) -> Mapping[str, str]:

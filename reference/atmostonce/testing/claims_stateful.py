@@ -340,6 +340,20 @@ def make_claims_machine(factory: Callable[[], StoreUnderTest] | None = None) -> 
                     ), target
 
         @invariant()
+        def preflights_agree(self):
+            """The dispatcher's pre-flight (``check_approvals``) names the same refusing guard, or none, for
+            each approval in the model and the store, for the intent's own bytes and for other bytes."""
+            if self.sut is None:
+                return
+            st_ = self.sut.store
+            ids = dict(self.approvals)
+            for key in self.keys:
+                for digest in (self.model.get(key).request_digest, "0" * 64):
+                    m = {a.approval_id: g for a, g in self.model.check_approvals(key, request_digest=digest)}
+                    s = {a.approval_id: g for a, g in st_.check_approvals(key, request_digest=digest)}
+                    assert {ids[mid]: g for mid, g in m.items()} == s, key
+
+        @invariant()
         def claim_logs_agree(self):
             """The full claim log of each target, moves and refused stale writes interleaved by the store's
             sequence, is the same in the model and the store; so is what each refusal names as its supersession
