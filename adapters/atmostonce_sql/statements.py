@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql import visitors
 
 from atmostonce.audit import HISTORY_FIELDS, reconciliation_step
+from atmostonce.names import EFFECT
 from atmostonce.table import Table
 
 from .effects import SQL_EFFECTS
@@ -245,11 +246,13 @@ class Statements:
             write = SQL_EFFECTS[eff].appends
             if write is not None:
                 out += write(ev.name, src.c, self.now)
-        hist = self.history_insert(ev, src, "open_attempt" in ev.effects)
+        hist = self.history_insert(ev, src, EFFECT.open_attempt in ev.effects)
         if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
             h = hist.cte("h")
             rec = self.reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
-            top = hist if returning else self.history_insert(ev, src, "open_attempt" in ev.effects, returning=False)
+            top = (
+                hist if returning else self.history_insert(ev, src, EFFECT.open_attempt in ev.effects, returning=False)
+            )
             if rec is None:
                 out.append(top)
             elif reconciliation_step(self.table, ev.name)[0] == "open":  # type: ignore[index]  # rec: a step

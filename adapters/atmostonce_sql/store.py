@@ -168,10 +168,12 @@ class SqlStore(SqlClaims, Operations):
         self._cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._outcome_events = frozenset(self.table.outcome_events)
         # the before-byte writes: the events that record the recovery descriptor with the authorization
-        self._authorizing = frozenset(e.name for e in self.table.events.values() if "write_descriptor" in e.effects)
+        self._authorizing = frozenset(
+            e.name for e in self.table.events.values() if EFFECT.write_descriptor in e.effects
+        )
         # in sync mode a dispatch is not begun while the authorization would be refused: a begun attempt that
         # cannot be authorized is abandoned by the sweeper and spends one of the intent's attempts
-        self._opening = frozenset(e.name for e in self.table.events.values() if "open_attempt" in e.effects)
+        self._opening = frozenset(e.name for e in self.table.events.values() if EFFECT.open_attempt in e.effects)
 
     def close(self) -> None:
         self._exec.dispose()
@@ -337,7 +339,7 @@ class SqlStore(SqlClaims, Operations):
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
             detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
         )
-        if "open_attempt" in ev.effects:
+        if EFFECT.open_attempt in ev.effects:
             params["new_token"] = attempt_token()
             if self.dialect != "postgresql":
                 assert conn is not None, "SQLite draws the generation inside the move's transaction"
@@ -376,7 +378,7 @@ class SqlStore(SqlClaims, Operations):
         its coupled form (an approval-gated intent's claim) is then moved on its own, as :meth:`_apply` would.
         Returns, in the order of ``items``, the moved intent or the refusal."""
         ev = self.table.event(event)
-        if "open_attempt" in ev.effects:  # a new attempt draws its token and generation per move
+        if EFFECT.open_attempt in ev.effects:  # a new attempt draws its token and generation per move
             raise IntakeError(f"{event} opens an attempt: it is not applied in batches")
         columns = tuple(n for n in PARAMS if any(n in args for _, args in items))
         stmts = self._batch_statements(ev, columns)

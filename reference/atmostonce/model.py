@@ -32,7 +32,7 @@ from .effects import EFFECTS, Append
 from .errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
 from .guards import GUARDS
 from .identity import DeliveryKey
-from .names import EVENT
+from .names import EFFECT, EVENT
 from .records import (
     HISTORY_DETAIL,
     Attempt,
@@ -193,7 +193,7 @@ class MemoryStore(MemoryClaims, Operations):
             new["state"] = ev.target
             new["updated_at"] = now
             coupled = self._coupled(ev, row, new, args, now)  # the claim's (and approval's) moves, checked
-            opens = "open_attempt" in ev.effects
+            opens = EFFECT.open_attempt in ev.effects
             token, gen = (
                 (new["attempt_token"], new["generation"]) if opens else (row["attempt_token"], row["generation"])
             )

@@ -19,7 +19,7 @@ from typing import Any
 from . import identity, observe
 from .claims import ClaimOperations, claim_args
 from .errors import GuardRefused, IntakeCode, IntakeError, Rejected
-from .names import EVENT, GUARD, OUTCOME, STATE
+from .names import EFFECT, EVENT, GUARD, OUTCOME, STATE
 from .protocols import (
     AuditStore,
     IntakeStore,
@@ -103,21 +103,21 @@ def superseding_move(
     if "plan_reconcile_count" in presented:
         planned, gen, counted = presented["plan_reconcile_count"], presented.get("plan_generation"), 0
         for seq, event, _tok, g in moves:
-            if "count_reconcile" in effects[event]:
+            if EFFECT.count_reconcile in effects[event]:
                 counted += 1
                 if counted > planned:
                     return seq
-            if "open_attempt" in effects[event] and g is not None and (gen is None or g > gen):
+            if EFFECT.open_attempt in effects[event] and g is not None and (gen is None or g > gen):
                 return seq
         return None
     token, gen = presented.get("attempt_token"), presented.get("generation")
     if gen is not None:
         for seq, event, _tok, g in moves:
-            if "open_attempt" in effects[event] and g is not None and g > gen:
+            if EFFECT.open_attempt in effects[event] and g is not None and g > gen:
                 return seq
     if token is not None:
         for seq, event, tok, _g in moves:
-            if effects[event] & {"close_attempt", "fence_restore"} and tok == token:
+            if effects[event] & {EFFECT.close_attempt, EFFECT.fence_restore} and tok == token:
                 return seq
     return None
 
