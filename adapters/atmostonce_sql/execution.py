@@ -277,15 +277,18 @@ class Executor:
         pipe = Pipeline(self, raw)
         try:
             with raw.pipeline():
-                raw.execute("BEGIN")
+                # never prepared: psycopg prepares a statement it has run five times, and a Parse queued after a
+                # refused move is skipped by the aborted pipeline while psycopg keeps its name, so every later
+                # COMMIT on the connection would fail with "prepared statement does not exist"
+                raw.execute("BEGIN", prepare=False)
                 if lossable:
-                    raw.execute("SET LOCAL synchronous_commit = off")
+                    raw.execute("SET LOCAL synchronous_commit = off", prepare=False)
                 body(pipe)
-                raw.execute("COMMIT")
+                raw.execute("COMMIT", prepare=False)
             return pipe.rows()
         except psycopg.Error as exc:
             with contextlib.suppress(psycopg.Error):
-                raw.execute("ROLLBACK")
+                raw.execute("ROLLBACK", prepare=False)
             if getattr(exc, "sqlstate", None) == REFUSED_SQLSTATE:
                 raise MoveRefused(exc.diag.message_detail) from exc
             if raw.broken or raw.closed:  # the connection is gone: the pool must not hand it out again
