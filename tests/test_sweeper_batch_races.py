@@ -83,7 +83,7 @@ def test_a_worker_recording_its_outcome_while_a_sweeper_batch_expires_the_lease_
         rng.shuffle(order)
         refused: dict[str, Rejected] = {}
 
-        def worker():
+        def worker(order=order, chosen=chosen, refused=refused):
             for it, lease in order:
                 try:
                     OUTCOMES[chosen[it.key]](store, lease)
@@ -103,8 +103,8 @@ def test_a_worker_recording_its_outcome_while_a_sweeper_batch_expires_the_lease_
                 assert now.state == STATE.indeterminate
                 if chosen[it.key] != EVENT.record_success:  # record_success may land before the expiry, both legal
                     assert not worker_moved and it.key in refused
-                    exc = refused[it.key]
-                    assert exc.guard in (SOURCE_STATE, GUARD.lease_holder), exc
+                    lost = refused[it.key]
+                    assert lost.guard in (SOURCE_STATE, GUARD.lease_holder), lost
             else:
                 assert it.key not in refused and out[0] in (chosen[it.key], EVENT.confirm_read_back)
             (attempt,) = store.attempts(it.key)
