@@ -215,3 +215,87 @@ def test_a_batch_rolled_back_by_a_deadlock_is_run_again_and_moves_each_row_once(
     for k in keys:
         assert [h.event for h in sql_store.history(k)][-1] in (EVENT.expire_lease, EVENT.abandon_attempt)
         assert len([h for h in sql_store.history(k) if h.actor == ACTOR.sweeper]) == 1
+
+
+# ---------------------------------------------------------------- edges of a batch
+def test_an_unknown_key_in_the_batch_is_refused_alone_and_the_rest_move(any_store):
+    import dataclasses
+
+    store = any_store.store
+    keys = due_group(store, "beside unknown")
+    any_store.advance(60)
+    snapshots = [store.get(k) for k in keys]
+    ghost = dataclasses.replace(snapshots[0], key="0" * 64)  # a key no intent has (deleted, or never made)
+    results = store.expire_leases([(sweeper_event(store, s), s) for s in [ghost, *snapshots]])
+    unknown, *moved = results
+    assert isinstance(unknown, Rejected) and (unknown.event, unknown.guard) == (EVENT.expire_lease, "intent_exists")
+    assert [m.state for m in moved] == [STATE.indeterminate] * 2 + [STATE.pending] * 2
+    assert verify_store(store).intact
+
+
+def test_a_batch_that_fails_after_its_update_and_before_its_appends_writes_nothing(any_store, monkeypatch):
+    """A crash (an exception from the database or the process) part way through the batch: nothing it moved
+    stays moved, on every store, so no moved row is left without its history row."""
+    store = any_store.store
+    keys = due_group(store, "crash")
+    any_store.advance(60)
+    before = {k: shape(store, k) for k in keys}
+    snapshots = [store.get(k) for k in keys]
+
+    class Crash(Exception):
+        pass
+
+    if any_store.kind == "memory":
+        appended = store._append_history
+        calls = []
+
+        def append_then_crash(entry):
+            calls.append(entry)
+            if len(calls) == 2:  # the first row of the batch is moved and recorded, the second is not
+                raise Crash
+            appended(entry)
+
+        monkeypatch.setattr(store, "_append_history", append_then_crash)
+    else:
+
+        def crash_on_history(conn, cursor, statement, parameters, context, executemany):
+            if executemany and "INSERT INTO aom_history" in statement:
+                raise Crash
+
+        sa.event.listen(store.engine, "before_cursor_execute", crash_on_history)
+    try:
+        with pytest.raises(Crash):
+            store.expire_leases([(sweeper_event(store, s), s) for s in snapshots])
+    finally:
+        if any_store.kind != "memory":
+            sa.event.remove(store.engine, "before_cursor_execute", crash_on_history)
+    monkeypatch.undo()
+    assert {k: shape(store, k) for k in keys} == before
+    assert [store.get(k).state for k in keys] == [STATE.authorized] * 2 + [STATE.pending] * 2
+    assert verify_store(store).intact
+    # the next tick moves them, once each
+    assert Sweeper(store, CONFIG).sweep_leases() == {"expired": 2, "abandoned": 2, "skipped": 0}
+
+
+@pytest.mark.slow
+def test_a_batch_of_five_thousand_due_leases_moves_each_once(sql_store):
+    from atmostonce_sql.testing import age_leases
+
+    store = sql_store
+    keys = []
+    for i in range(5000):
+        it = submit(store, text=f"begun {i}")
+        store.begin(it.key, lease_seconds=10)
+        keys.append(it.key)
+    age_leases(store, 60)
+    listed = store.due_leases(10_000)
+    assert len(listed) == 5000
+    results = store.expire_leases([(EVENT.abandon_attempt, it) for it in listed])
+    assert not any(isinstance(r, Rejected) for r in results)
+    assert store.due_leases(10) == []
+    again = store.expire_leases([(EVENT.abandon_attempt, it) for it in listed[:50]])
+    assert all(isinstance(r, GuardRefused) and r.guard == GUARD.lease_holder for r in again)
+    for k in keys[::500]:
+        assert [h.actor for h in store.history(k)].count(ACTOR.sweeper) == 1
+        (attempt,) = store.attempts(k)
+        assert len(attempt.outcomes) == 1

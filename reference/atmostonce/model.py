@@ -213,14 +213,20 @@ class MemoryStore(MemoryClaims, Operations):
     def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
         """``event`` for every ``(key, args)`` of ``items`` (distinct keys) under the one lock: each row moved as
         :meth:`_apply` moves it, or refused without changing it or any other row of the batch. Returns, in the
-        order of ``items``, the moved intent or the refusal."""
+        order of ``items``, the moved intent or the refusal. Anything else raised part way (a crash) puts back
+        what the batch moved, as the SQL stores' rolled-back transaction does: nothing of it stays written."""
         out: list[Intent | Rejected] = []
         with self._lock:
-            for key, args in items:
-                try:
-                    out.append(self._apply(event, key, args))
-                except Rejected as exc:
-                    out.append(exc)
+            saved = copy.deepcopy({k: v for k, v in vars(self).items() if k not in self._NOT_DATA})
+            try:
+                for key, args in items:
+                    try:
+                        out.append(self._apply(event, key, args))
+                    except Rejected as exc:
+                        out.append(exc)
+            except BaseException:
+                vars(self).update(saved)
+                raise
         return out
 
     def _refusing_guard(
