@@ -430,7 +430,7 @@ class ClaimOperations:
         ``UnknownIntent`` for a key with no intent and ``IntakeError`` for bad input or a guard the claim
         table does not have (docs/design.md#approvals-and-per-target-dispatch-claims)."""
         chosen = self.claim_table.preflight_guards if guards is None else tuple(guards)
-        stray = [g for g in chosen if g not in self.claim_table.guards]
+        stray = [g for g in chosen if not isinstance(g, str) or g not in self.claim_table.guards]
         if stray:
             raise IntakeError(f"{stray} are not guards of the claim table", field="guards")
         args = {
