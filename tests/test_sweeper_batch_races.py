@@ -156,3 +156,40 @@ def test_four_sweeper_ticks_at_once_over_the_same_due_leases_move_each_row_once(
         assert [h.actor for h in store.history(k)].count(ACTOR.sweeper) == 1
         assert store.get(k).state == STATE.indeterminate
     assert verify_store(store).intact
+
+
+def test_four_sweepers_batching_the_same_due_leases_in_different_orders_neither_deadlock_out_nor_move_twice(
+    racing_store,
+):
+    """Four batches over the same 200 leases, each listed in its own order (sweepers whose listings differ): the
+    batch locks its rows in key order whatever order it was given, so no wait cycle forms and no tick fails with
+    ``Deadlock``; each row moves once, and the other three batches refuse it by its guard."""
+    store = racing_store
+    from atmostonce_sql.testing import age_leases
+
+    for r in range(3):
+        for i in range(200):
+            it = submit(store, text=f"round {r} begun {i}")
+            store.begin(it.key, lease_seconds=10)
+        age_leases(store, 60)
+        listed = store.due_leases(1000)
+        assert len(listed) == 200
+        orders = []
+        for t in range(4):
+            mv = [(EVENT.abandon_attempt, it) for it in listed]
+            random.Random(100 * r + t).shuffle(mv)
+            orders.append(mv)
+        results = run_together(*[lambda mv=mv: store.expire_leases(mv) for mv in orders])
+        won: dict[str, int] = {}
+        for mv, got in zip(orders, results, strict=True):
+            for (_, it), res in zip(mv, got, strict=True):
+                if isinstance(res, Rejected):
+                    assert res.guard == GUARD.lease_holder, res
+                else:
+                    won[it.key] = won.get(it.key, 0) + 1
+        assert won == {it.key: 1 for it in listed}
+        for it in listed[::20]:
+            assert [h.actor for h in store.history(it.key)].count(ACTOR.sweeper) == 1
+            (attempt,) = store.attempts(it.key)
+            assert len(attempt.outcomes) == 1
+    assert verify_store(store).intact
