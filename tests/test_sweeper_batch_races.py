@@ -193,3 +193,54 @@ def test_four_sweepers_batching_the_same_due_leases_in_different_orders_neither_
             (attempt,) = store.attempts(it.key)
             assert len(attempt.outcomes) == 1
     assert verify_store(store).intact
+
+
+def gated_in_flight(store, text: str, target: str):
+    """An approval-gated send authorized under its target's claim (the claim ``sending``)."""
+    it = store.submit("acct", "post", target, {"text": text}, requires_approval=True)
+    apv = store.approve(it.key, approver="alice", expires_in=3600)
+    claim = store.reserve_claim(it.key, approval_id=apv.approval_id, request_digest=it.request_digest, owner="w1")
+    lease = store.begin(it.key, lease_seconds=30)
+    store.authorize_dispatch(lease, request_digest=it.request_digest, send_lease_seconds=30, claim=claim)
+    return it, lease
+
+
+def test_a_worker_settling_a_gated_send_while_the_sweeper_batch_expires_it_moves_intent_and_claim_once(racing_store):
+    store = racing_store
+    from atmostonce_sql.testing import age_leases
+
+    settle = {
+        EVENT.record_unknown: (lambda s, lease: s.record_unknown(lease, reason="read timeout"), "uncertain"),
+        EVENT.record_not_sent: (lambda s, lease: s.record_not_sent(lease, reason="connect refused"), "free"),
+    }
+    kinds = list(settle)
+    for r in range(6):
+        sends = [gated_in_flight(store, f"round {r} gated {i}", f"room-{r}-{i}") for i in range(6)]
+        plain = [to_state(store, STATE.authorized, text=f"round {r} plain {i}") for i in range(4)]
+        age_leases(store, 3600)
+        chosen = {it.key: kinds[i % 2] for i, (it, _) in enumerate(sends)}
+
+        def worker(sends=sends, chosen=chosen):
+            for it, lease in reversed(sends):
+                try:
+                    settle[chosen[it.key]][0](store, lease)
+                except Rejected as exc:
+                    assert exc.guard in (SOURCE_STATE, GUARD.lease_holder), exc
+
+        _, swept = run_together(worker, lambda: Sweeper(store, CONFIG).sweep_leases())
+        assert swept["expired"] >= len(plain)
+        for it, _ in sends:
+            out = moves_out_of_authorized(store, it.key)
+            assert len(out) == 1, out
+            claim = store.claim(it.target)
+            if out == [EVENT.expire_lease]:
+                assert store.get(it.key).state == STATE.indeterminate and claim.state == "uncertain"
+            else:
+                assert out == [chosen[it.key]] and claim.state == settle[chosen[it.key]][1]
+            after_send = [e.event for e in store.claim_history(it.target)][-1]
+            assert [e.event for e in store.claim_history(it.target)].count(after_send) == 1
+            (attempt,) = store.attempts(it.key)
+            assert len(attempt.outcomes) == 1
+        for it, _ in plain:
+            assert store.get(it.key).state == STATE.indeterminate
+    assert verify_store(store).intact
