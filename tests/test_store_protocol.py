@@ -88,6 +88,14 @@ MACHINES_ONLY: dict[type, dict[str, str]] = {
         "claim_history": "the claim's own moves, without the refusals claim_log interleaves",
         "text_window_seconds": "the duplicate-text window in force: the stored one, else the store's default",
     },
+    MaintenanceStore: {
+        # the reconciler records its lookups in batches (reconcile_many); one lookup's record is its own move
+        "reconcile_found": "one lookup that found the object, recorded alone",
+        "reconcile_not_found": "one lookup that found nothing, recorded alone",
+        "reconcile_unproven": "one fenced not-found that proves nothing after a restore, recorded alone",
+        "reconcile_absent": "one fenced not-found that proves absence, recorded alone",
+        "park_unreconcilable": "one intent no lookup can settle, parked alone",
+    },
     AuditStore: {
         "total_attempts": "no move but begin creates an attempt",
         "current_epoch": "the restore epoch every lease and plan is fenced against",
