@@ -98,6 +98,26 @@ def render_doc() -> str:
         lines += ["Then, in the same transaction:", ""]
         for stmt in lite_stmts["appends"]:
             lines += _block(render(stmt, "sqlite"))
+    lines += [
+        "## Batches",
+        "",
+        "The sweeper's moves (`expire_leases`, docs/design.md#the-sweeper-moves-a-batch-per-statement) run one "
+        "conditional write per event for a whole batch of intents: the fast form's `UPDATE` above joined by key "
+        "to the batch `:p_batch`, a JSON array with one object per intent (its `key` and what its snapshot "
+        "presents), each guard fragment reading the row's `b.<name>` where the single move reads `:p_<name>`. "
+        "The rows it returns get the single move's appends, each statement sent once for all of them "
+        "(`executemany`, none of them returning a row); a row it did not return is diagnosed with the single "
+        "move's diagnosis. An approval-gated intent is left out by the fast form's condition and moved with its "
+        "claim in a transaction of its own.",
+        "",
+    ]
+    presented = ("attempt_token", "generation")  # what a due lease's snapshot presents (Operations.expire_leases)
+    for ev in t.events.values():
+        if ev.actor != t.names.actor.sweeper:
+            continue
+        lines += [f"### `{ev.name}`", ""]
+        for name, builder in (("PostgreSQL", pg), ("SQLite", lite)):
+            lines += [f"{name}:", "", *_block(render(builder.batch_move(ev, presented)["update"], builder.dialect))]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -12,16 +12,18 @@ that refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.sql import visitors
 
 from atmostonce.audit import HISTORY_FIELDS, reconciliation_step
+from atmostonce.names import EFFECT
 from atmostonce.table import Table
 
 from .effects import SQL_EFFECTS
-from .guards import SQL_GUARDS, GuardRefs
+from .guards import PARAMS, SQL_GUARDS, GuardRefs
 from .schema import history, intents, meta, rate_limits, reconciliations, sequences
 
 __all__ = ["SUBMITTED", "Statements", "db_now", "render", "store_epoch"]
@@ -176,25 +178,87 @@ class Statements:
             out["appends"] = self.appends(ev, src)
         return out
 
-    def appends(self, ev: Any, src: Any) -> list[sa.Insert | sa.Update]:
+    def batch(self, columns: Sequence[str]) -> Any:
+        """The batch a batched move reads (``b``): one row per intent from the JSON array ``:p_batch``, each
+        object an intent's ``key`` and what its move presents (``columns``, names of
+        :data:`~atmostonce_sql.guards.PARAMS`). PostgreSQL: ``jsonb_to_recordset``; SQLite: ``json_each``."""
+        types: dict[str, Any] = {"key": sa.Text(), **{n: PARAMS[n] for n in columns}}
+        names = ("key", *columns)
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            fn = sa.func.jsonb_to_recordset(sa.bindparam("p_batch", type_=JSONB))
+            return fn.table_valued(*[sa.column(n, types[n]) for n in names]).render_derived(name="b", with_types=True)
+        each = sa.func.json_each(sa.bindparam("p_batch", type_=sa.JSON)).table_valued("value").alias("j")
+        return sa.select(
+            *[sa.func.json_extract(each.c.value, sa.literal(f"$.{n}"), type_=types[n]).label(n) for n in names]
+        ).subquery("b")
+
+    def batch_move(self, ev: Any, columns: Sequence[str], disabled: Iterable[str] = ()) -> dict[str, Any]:
+        """``ev`` for a batch of intents in one conditional write (docs/design.md#the-sweeper-moves-a-batch-per-statement):
+        ``update``, the fast form of :meth:`move`'s gate joined to the batch :meth:`batch` by key, ``UPDATE
+        aom_intents SET <the same columns> FROM <the batch> AS b WHERE key = b.key AND state IN (<the event's
+        sources>) AND <the same guard fragments, each value a move presents read from its row of the batch,
+        b.<name>, instead of :p_<name>> RETURNING *``. A row of the batch the statement does not return was
+        refused, or needs its coupled form: :meth:`move`'s ``diagnose`` names which, per row. ``appends``: the
+        rows each moved row writes, :meth:`move`'s appends from the moved row ``:p_key``, none returning a row,
+        so each is sent once for every moved row (``executemany``)."""
+        off = frozenset(disabled)
+        c = intents.c
+        b = self.batch(columns)
+        swap = {"p_key": b.c.key, **{f"p_{n}": b.c[n] for n in columns}}
+
+        def replace(element: Any, **kw: Any) -> Any:
+            return swap.get(element.key) if isinstance(element, sa.BindParameter) else None
+
+        def per_row(expr: Any) -> Any:
+            """``expr`` with each presented value's parameter replaced by the batch row's column."""
+            if not isinstance(expr, sa.ColumnElement):
+                return expr  # a constant (an effect's NULL)
+            return visitors.replacement_traverse(expr, {}, replace)
+
+        x = GuardRefs(c.key, None, self.table, self.approval_table)
+        where = [c.key == b.c.key, c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
+        where += [per_row(SQL_GUARDS[g](c, self.now, x)) for g in ev.guards if g not in off]
+        if ev.couples:
+            where.append(c.requires_approval.is_(sa.false()))
+        where += [w for w in (SQL_EFFECTS[e].fast_path(c) for e in ev.effects) if w is not None]
+        values: dict[str, Any] = {
+            "state": ev.target,
+            "prev_state": c.state,
+            "prev_attempt_token": c.attempt_token,
+            "updated_at": self.now,
+            "history_count": c.history_count + 1,
+        }
+        for eff in ev.effects:
+            values.update({k: per_row(v) for k, v in SQL_EFFECTS[eff].values(c, self.now, self.dialect).items()})
+        update = sa.update(intents).where(*where).values(**values).returning(*intents.c, store_epoch())
+        src = sa.select(intents).where(intents.c.key == sa.bindparam("p_key")).subquery("u")
+        return {"update": update, "appends": self.appends(ev, src, returning=False), "columns": tuple(columns)}
+
+    def appends(self, ev: Any, src: Any, returning: bool = True) -> list[sa.Insert | sa.Update]:
         """The rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``: each
         effect's (``atmostonce_sql.effects``), in the table's order, then the history row and the
-        reconciliation record."""
+        reconciliation record. ``returning=False``: no statement of the list returns a row (PostgreSQL's
+        history row returns its ``seq`` otherwise), so each may be sent once for many rows (``executemany``)."""
         out: list[sa.Insert | sa.Update] = []
         for eff in ev.effects:
             write = SQL_EFFECTS[eff].appends
             if write is not None:
                 out += write(ev.name, src.c, self.now)
-        hist = self.history_insert(ev, src, "open_attempt" in ev.effects)
+        hist = self.history_insert(ev, src, EFFECT.open_attempt in ev.effects)
         if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
             h = hist.cte("h")
             rec = self.reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
+            top = (
+                hist if returning else self.history_insert(ev, src, EFFECT.open_attempt in ev.effects, returning=False)
+            )
             if rec is None:
-                out.append(hist)
+                out.append(top)
             elif reconciliation_step(self.table, ev.name)[0] == "open":  # type: ignore[index]  # rec: a step
                 out.append(rec)  # it reads the history CTE's seq, which brings that insert in (once)
             else:
-                out += [hist, rec]
+                out += [top, rec]
         else:
             h_ = history.c
             rec = self.reconciliation_insert(
@@ -229,10 +293,11 @@ class Statements:
             q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
         return sa.insert(reconciliations).from_select(cols, q)
 
-    def history_insert(self, ev: Any, src: Any, opens: bool) -> sa.Insert:
-        """The history row of a move. PostgreSQL's trigger (migration 0002) chains it; on SQLite the
-        statement assigns the sequence itself and chains the row through ``aom_chain_hash`` (the
-        writer lock is held, so the newest row read here is the chain's head)."""
+    def history_insert(self, ev: Any, src: Any, opens: bool, returning: bool = True) -> sa.Insert:
+        """The history row of a move. PostgreSQL's trigger (migration 0002) chains it (and the statement
+        returns its ``seq``, unless ``returning=False``); on SQLite the statement assigns the sequence itself
+        and chains the row through ``aom_chain_hash`` (the writer lock is held, so the newest row read here is
+        the chain's head)."""
         u = src.c
         if opens or ev.creates:
             token, gen = u.attempt_token, u.generation
@@ -252,7 +317,8 @@ class Statements:
         )
         names = list(HISTORY_COLUMNS)
         if self.dialect == "postgresql":
-            return sa.insert(history).from_select(names, sa.select(*values)).returning(history.c.seq)
+            ins = sa.insert(history).from_select(names, sa.select(*values))
+            return ins.returning(history.c.seq) if returning else ins
         h = history.c
         next_seq = sa.literal_column(
             "max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'aom_history'), 0), "

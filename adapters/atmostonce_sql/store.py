@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -39,6 +39,7 @@ from atmostonce.errors import (
     SOURCE_STATE,
     GuardRefused,
     IllegalMove,
+    IntakeError,
     NoSynchronousStandby,
     Rejected,
     StoreError,
@@ -167,10 +168,12 @@ class SqlStore(SqlClaims, Operations):
         self._cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._outcome_events = frozenset(self.table.outcome_events)
         # the before-byte writes: the events that record the recovery descriptor with the authorization
-        self._authorizing = frozenset(e.name for e in self.table.events.values() if "write_descriptor" in e.effects)
+        self._authorizing = frozenset(
+            e.name for e in self.table.events.values() if EFFECT.write_descriptor in e.effects
+        )
         # in sync mode a dispatch is not begun while the authorization would be refused: a begun attempt that
         # cannot be authorized is abandoned by the sweeper and spends one of the intent's attempts
-        self._opening = frozenset(e.name for e in self.table.events.values() if "open_attempt" in e.effects)
+        self._opening = frozenset(e.name for e in self.table.events.values() if EFFECT.open_attempt in e.effects)
 
     def close(self) -> None:
         self._exec.dispose()
@@ -336,7 +339,7 @@ class SqlStore(SqlClaims, Operations):
             actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
             detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
         )
-        if "open_attempt" in ev.effects:
+        if EFFECT.open_attempt in ev.effects:
             params["new_token"] = attempt_token()
             if self.dialect != "postgresql":
                 assert conn is not None, "SQLite draws the generation inside the move's transaction"
@@ -357,6 +360,84 @@ class SqlStore(SqlClaims, Operations):
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
         ev = self.table.event(event)
         return self._refusing(ev, key, args, lambda: self._apply_statements(ev, key, args))
+
+    def _batch_statements(self, ev, columns: tuple[str, ...]) -> dict[str, Any]:
+        """Cached :meth:`Statements.batch_move` of ``ev`` for a batch presenting ``columns``."""
+        cache_key = ("<batch>", columns, *(ev.name, self._disabled_guards))  # disabled guards: the last item
+        hit = self._cache.get(cache_key)
+        if hit is None:
+            hit = self._cache[cache_key] = self._sql.batch_move(ev, columns, cache_key[-1])
+        return hit
+
+    def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        """``event`` for every ``(key, args)`` of ``items`` (distinct keys) in one transaction around one
+        conditional write (docs/design.md#the-sweeper-moves-a-batch-per-statement): the batch ``UPDATE`` moves
+        every row whose source state and guards hold, and each moved row's appends (attempt outcome, history
+        row, reconciliation record: the single move's statements) run once per statement for all of them
+        (``executemany``). A row the ``UPDATE`` did not move is diagnosed as a single move's is; one that needs
+        its coupled form (an approval-gated intent's claim) is then moved on its own, as :meth:`_apply` would.
+        Returns, in the order of ``items``, the moved intent or the refusal."""
+        ev = self.table.event(event)
+        if EFFECT.open_attempt in ev.effects:  # a new attempt draws its token and generation per move
+            raise IntakeError(f"{event} opens an attempt: it is not applied in batches")
+        columns = tuple(n for n in PARAMS if any(n in args for _, args in items))
+        stmts = self._batch_statements(ev, columns)
+        results: dict[int, Intent | Rejected] = {}
+        coupled: list[int] = []
+        for attempt in range(self._BATCH_DEADLOCK_RETRIES + 1):
+            try:
+                if items:
+                    with self._tx() as conn:
+                        results, coupled = self._batch_in(conn, ev, stmts, columns, items)
+                break
+            except Deadlock:
+                # two batches locked their rows in different orders and PostgreSQL rolled this one back: it
+                # wrote nothing, and run again it moves what the other left (and refuses what it moved)
+                if attempt == self._BATCH_DEADLOCK_RETRIES:
+                    raise
+        for i in coupled:  # an approval-gated intent: its move with its claim's, in a transaction of its own
+            key, args = items[i]
+            try:
+                results[i] = self._refusing(ev, key, args, lambda: self._apply_coupled(ev, key, args))  # noqa: B023
+            except Rejected as exc:
+                results[i] = exc
+        return [results[i] for i in range(len(items))]
+
+    _BATCH_DEADLOCK_RETRIES = 3
+    """How many times a batch rolled back by a deadlock (``Deadlock``: nothing written) is run again."""
+
+    def _batch_in(
+        self,
+        conn: Connection,
+        ev,
+        stmts: dict[str, Any],
+        columns: tuple[str, ...],
+        items: Sequence[tuple[str, Mapping[str, Any]]],
+    ) -> tuple[dict[int, Intent | Rejected], list[int]]:
+        """:meth:`_apply_batch`'s transaction: the batch ``UPDATE``, the moved rows' appends, the diagnosis of
+        each row it did not move. Returns the results by position and the positions that need their coupled
+        form."""
+        results: dict[int, Intent | Rejected] = {}
+        coupled: list[int] = []
+        self._commit_mode(conn, [ev.name])
+        params = [self._params(ev, key, args, conn) for key, args in items]
+        batch = [{"key": key, **{n: args.get(n) for n in columns}} for key, args in items]
+        constant = {k: v for k, v in params[0].items() if k[2:] not in columns and k != "p_key"}
+        rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
+        moved = {r["key"]: r for r in rows}
+        done = [params[i] for i, (key, _) in enumerate(items) if key in moved]
+        for stmt in stmts["appends"] if done else ():
+            conn.execute(stmt, done)  # one statement for every moved row (executemany)
+        for i, (key, _) in enumerate(items):
+            if key in moved:
+                results[i] = self._intent(moved[key])
+                continue
+            refusal = self._diagnose(conn, ev, key, params[i])  # the refusal path only
+            if refusal is None:
+                coupled.append(i)
+            else:
+                results[i] = refusal
+        return results, coupled
 
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves in one transaction (one commit): each its own conditional write, as

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .identity import canonical_json
+from .names import EFFECT
 
 if TYPE_CHECKING:
     from .protocols import AuditStore
@@ -225,7 +226,7 @@ def replay_chain(chain: AuditChain, table: Any) -> ChainBreak | None:
         for counter, effect in INTENT_COUNTERS.items():
             if effect in ev.effects:
                 derived[counter] += 1
-        if "open_attempt" in ev.effects:
+        if EFFECT.open_attempt in ev.effects:
             gen = row.fields[ix["generation"]]
             derived["generation"] = None if gen is None else int(gen)
     derived["state"] = state

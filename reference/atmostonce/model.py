@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .audit import (
@@ -32,7 +32,7 @@ from .effects import EFFECTS, Append
 from .errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
 from .guards import GUARDS
 from .identity import DeliveryKey
-from .names import EVENT
+from .names import EFFECT, EVENT
 from .records import (
     HISTORY_DETAIL,
     Attempt,
@@ -193,7 +193,7 @@ class MemoryStore(MemoryClaims, Operations):
             new["state"] = ev.target
             new["updated_at"] = now
             coupled = self._coupled(ev, row, new, args, now)  # the claim's (and approval's) moves, checked
-            opens = "open_attempt" in ev.effects
+            opens = EFFECT.open_attempt in ev.effects
             token, gen = (
                 (new["attempt_token"], new["generation"]) if opens else (row["attempt_token"], row["generation"])
             )
@@ -209,6 +209,19 @@ class MemoryStore(MemoryClaims, Operations):
                 self._reconciliations.append(rec)
             self._commit_coupled(coupled, now)
             return self._intent(new)
+
+    def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        """``event`` for every ``(key, args)`` of ``items`` (distinct keys) under the one lock: each row moved as
+        :meth:`_apply` moves it, or refused without changing it or any other row of the batch. Returns, in the
+        order of ``items``, the moved intent or the refusal."""
+        out: list[Intent | Rejected] = []
+        with self._lock:
+            for key, args in items:
+                try:
+                    out.append(self._apply(event, key, args))
+                except Rejected as exc:
+                    out.append(exc)
+        return out
 
     def _refusing_guard(
         self, row: Mapping[str, Any], args: Mapping[str, Any], now: float, guards: tuple[str, ...]

@@ -470,17 +470,21 @@ class Sweeper:
         """Returns counts: ``expired`` (to indeterminate), ``abandoned`` (pre-authorization), ``skipped``."""
         out = {"expired": 0, "abandoned": 0, "skipped": 0}
         table = self.store.table
+        moves: list[tuple[str, Intent]] = []
         for it in self.store.due_leases(self.config.sweep_batch):
             # the table names the sweeper's lease-expiry move for the intent's state
             events = [e for e in table.events.values() if e.actor == ACTOR.sweeper and it.state in e.sources]
             if len(events) != 1:
                 out["skipped"] += 1
                 continue
-            try:
-                getattr(self.store, events[0].name)(it)
-                out["expired" if events[0].target == STATE.indeterminate else "abandoned"] += 1
-            except Rejected:
+            moves.append((events[0].name, it))
+        # the whole batch in one conditional write per event, each row under its own guards
+        # (docs/design.md#the-sweeper-moves-a-batch-per-statement)
+        for (event, _), result in zip(moves, self.store.expire_leases(moves) if moves else [], strict=True):
+            if isinstance(result, Rejected):
                 out["skipped"] += 1
+            else:
+                out["expired" if table.event(event).target == STATE.indeterminate else "abandoned"] += 1
         return out
 
     def retry_failed(self, limit: int | None = None) -> dict[str, int]:

@@ -19,7 +19,7 @@ from typing import Any
 from . import identity, observe
 from .claims import ClaimOperations, claim_args
 from .errors import GuardRefused, IntakeCode, IntakeError, Rejected
-from .names import EVENT, GUARD, OUTCOME, STATE
+from .names import EFFECT, EVENT, GUARD, OUTCOME, STATE
 from .protocols import (
     AuditStore,
     IntakeStore,
@@ -103,21 +103,21 @@ def superseding_move(
     if "plan_reconcile_count" in presented:
         planned, gen, counted = presented["plan_reconcile_count"], presented.get("plan_generation"), 0
         for seq, event, _tok, g in moves:
-            if "count_reconcile" in effects[event]:
+            if EFFECT.count_reconcile in effects[event]:
                 counted += 1
                 if counted > planned:
                     return seq
-            if "open_attempt" in effects[event] and g is not None and (gen is None or g > gen):
+            if EFFECT.open_attempt in effects[event] and g is not None and (gen is None or g > gen):
                 return seq
         return None
     token, gen = presented.get("attempt_token"), presented.get("generation")
     if gen is not None:
         for seq, event, _tok, g in moves:
-            if "open_attempt" in effects[event] and g is not None and g > gen:
+            if EFFECT.open_attempt in effects[event] and g is not None and g > gen:
                 return seq
     if token is not None:
         for seq, event, tok, _g in moves:
-            if effects[event] & {"close_attempt", "fence_restore"} and tok == token:
+            if effects[event] & {EFFECT.close_attempt, EFFECT.fence_restore} and tok == token:
                 return seq
     return None
 
@@ -225,6 +225,30 @@ class Operations(ClaimOperations):
             raise
         observe.log_move(event, it, args, self.table)  # one record per move: key, event, outcome, attempt, generation
         return it
+
+    def _batch(self, moves: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        """:meth:`_move` for many intents: ``moves`` are ``(event, key, args)``; each event's moves go to the core's
+        ``_apply_batch``, one batch per event, as many as a key occurs (its n-th move in the n-th batch, after its
+        earlier ones). Each move is logged, and each fencing refusal recorded, as :meth:`_move` does; returns the
+        moved intent or the refusal of each move, in order."""
+        rounds: dict[tuple[int, str], list[int]] = {}
+        seen: dict[str, int] = {}
+        for i, (event, key, _) in enumerate(moves):
+            n = seen[key] = seen.get(key, -1) + 1
+            rounds.setdefault((n, event), []).append(i)
+        results: dict[int, Intent | Rejected] = {}
+        for (_, event), idx in sorted(rounds.items(), key=lambda r: r[0][0]):
+            got = self.core._apply_batch(event, [(moves[i][1], moves[i][2]) for i in idx])
+            results.update(zip(idx, got, strict=True))
+        out = [results[i] for i in range(len(moves))]
+        for (event, _, args), res in zip(moves, out, strict=True):
+            if isinstance(res, Rejected):
+                observe.log_refusal(res)
+                if isinstance(res, GuardRefused) and res.guard in self.table.fencing_guards:
+                    self.core._record_refusal(res, {k: args[k] for k in _PRESENTED if k in args})
+            else:
+                observe.log_move(event, res, args, self.table)
+        return out
 
     def _moves(self, key: Any, steps: list[tuple[str, Any]]) -> list[Intent]:
         """:meth:`_move` for several moves in one transaction; a fencing refusal is recorded after the
@@ -618,6 +642,33 @@ class Operations(ClaimOperations):
         """Pre-authorization lease expired: close the attempt as abandoned; intent stays ``pending``."""
         args = _stale_args(intent)
         return self._move(EVENT.abandon_attempt, intent.key, args)
+
+    def expire_leases(self, moves: Iterable[tuple[str, Intent]]) -> list[Intent | Rejected]:
+        """The sweeper's moves for a batch of due leases, one conditional write per event for the whole batch
+        (docs/design.md#the-sweeper-moves-a-batch-per-statement). ``moves``: ``(event, intent)`` pairs, the event
+        one of the table's ``sweeper`` moves (``expire_lease``, ``abandon_attempt``) and the intent the snapshot
+        ``due_leases`` listed; each is checked as :meth:`expire_lease` checks it (source state, ``lease_holder``
+        on the snapshot's token and generation, ``lease_expired``) and written as it writes it (history row,
+        attempt outcome, reconciliation record, the claim's move of an approval-gated intent).
+
+        Returns one result per pair, in order: the moved :class:`Intent`, or the :class:`Rejected` naming what
+        refused that one (a fencing refusal is recorded); a refusal moves nothing and leaves the rest of the
+        batch as it would be without it. A key given twice is moved at most once: its second move is refused
+        as one made after the first. Raises ``IntakeError`` (writing nothing) for an event the sweeper does not
+        make or a snapshot that is not an ``Intent``."""
+        sweeper = {e.name for e in self.table.events.values() if e.actor == self.table.names.actor.sweeper}
+        batch: list[tuple[str, str, Mapping[str, Any]]] = []
+        for pair in moves:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise IntakeError(
+                    f"expected (event, intent) pairs, got {pair!r}", field="moves", code=IntakeCode.WRONG_TYPE
+                )
+            event, intent = pair
+            if event not in sweeper:
+                raise IntakeError(f"{event!r} is not a sweeper move; one of {sorted(sweeper)}", field="moves")
+            args = _stale_args(intent)
+            batch.append((event, check_text("key", intent.key, max_chars=256), args))
+        return self._batch(batch)
 
     # -- reconciler -----------------------------------------------------------------------
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:

@@ -419,6 +419,38 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
                 (m, g), _ = self.both(lambda st_, i, e=ev[0].name, p=(it_m, it_s): getattr(st_, e)(p[i]))
                 assert m == "ok", f"sweeper refused a due lease: {g}"
 
+        @rule(data=st.data())
+        def sweeper_batch(self, data):
+            """The sweeper's batch form (``expire_leases``): every due lease, perhaps one listed twice and one
+            whose lease has not lapsed, in one call; each result is what the one-at-a-time move gives, on both
+            (docs/design.md#the-sweeper-moves-a-batch-per-statement)."""
+            due = sorted(i.key for i in self.model.due_leases(1000))
+            keys = list(due)
+            live = [k for k in self.keys if (self.model.get(k).lease_expires_at or 0) > self.clock()]
+            if keys and data.draw(st.booleans()):
+                keys.append(data.draw(st.sampled_from(keys)))  # refused the second time: already moved
+            if live and data.draw(st.booleans()):
+                keys.append(data.draw(st.sampled_from(sorted(live))))  # refused by lease_expired
+            if not keys:
+                return
+            moves: list[tuple[str, Any, Any]] = []
+            for key in keys:
+                it_m = self.model.get(key)
+                it_s = None if self.store is None else self.store.get(self.k(key, 1))
+                ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
+                if len(ev) != 1:
+                    return
+                moves.append((ev[0].name, it_m, it_s))
+
+            def kinds(results: list[Any]) -> list[tuple[str, Any]]:
+                return [(type(r).__name__, r.guard) if isinstance(r, Rejected) else ("ok", r.state) for r in results]
+
+            (_, got_m), s = self.both(lambda st_, i: kinds(st_.expire_leases([(e, p[i]) for e, *p in moves])))
+            if s is not None:
+                assert got_m == s[1], f"batch results: model {got_m} vs store {s[1]}"
+            assert all(kind == "ok" for kind, _ in got_m[: len(due)]), f"the batch refused a due lease: {got_m}"
+            assert all(kind != "ok" for kind, _ in got_m[len(due) :]), f"a repeated or live lease moved: {got_m}"
+
         @precondition(lambda self: self.keys)
         @rule(data=st.data())
         def sweeper_too_early(self, data):
