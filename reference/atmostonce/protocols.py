@@ -317,9 +317,11 @@ class StoreCore(Protocol):
       what refused and changes nothing (docs/design.md#one-table-read-by-everything); ``_apply_sequence(key, steps)``
       applies several moves to one intent in one transaction, all or none (``steps``: ``(event, args)``,
       ``args`` a mapping or a function of the previous move's intent, :func:`atmostonce.store.step_args`);
-      ``_apply_batch(event, items)`` applies one event to many intents (``items``: ``(key, args)``, distinct keys)
-      in one conditional write for the batch, each row moved or refused on its own, and returns each one's
-      moved intent or :class:`~atmostonce.errors.Rejected` in order (docs/design.md#the-sweeper-moves-a-batch-per-statement);
+      optionally, ``_apply_batch(event, items)`` applies one event to many intents (``items``: ``(key, args)``,
+      distinct keys) in one conditional write for the batch, each row moved or refused on its own, and returns
+      each one's moved intent or :class:`~atmostonce.errors.Rejected` in order (docs/design.md#the-sweeper-moves-a-batch-per-statement;
+      the shipped stores have it, and :class:`~atmostonce.store.Operations` moves one by one through ``_apply``
+      for a core without it);
       ``_approve(args)``, ``_claim_move(event, target, args)`` and ``_approval_move(event, approval_id,
       args)`` do the same for the approval and claim machines (``spec/approval.toml``, ``spec/claim.toml``);
     * **create**: ``_create(submission)`` stores a new intent, or returns the one with the same key
@@ -339,7 +341,6 @@ class StoreCore(Protocol):
     # apply an event
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent: ...
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]: ...
-    def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]: ...
     def _approve(self, args: Mapping[str, Any]) -> Approval: ...
     def _claim_move(self, event: str, target: str, args: Mapping[str, Any]) -> Claim: ...
     def _approval_move(self, event: str, approval_id: str, args: Mapping[str, Any]) -> Approval: ...

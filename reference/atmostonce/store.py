@@ -226,11 +226,23 @@ class Operations(ClaimOperations):
         observe.log_move(event, it, args, self.table)  # one record per move: key, event, outcome, attempt, generation
         return it
 
+    def _one_by_one(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        out: list[Intent | Rejected] = []
+        for key, args in items:
+            try:
+                out.append(self.core._apply(event, key, args))
+            except Rejected as exc:
+                out.append(exc)
+        return out
+
     def _batch(self, moves: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
         """:meth:`_move` for many intents: ``moves`` are ``(event, key, args)``; each event's moves go to the core's
         ``_apply_batch``, one batch per event, as many as a key occurs (its n-th move in the n-th batch, after its
-        earlier ones). Each move is logged, and each fencing refusal recorded, as :meth:`_move` does; returns the
-        moved intent or the refusal of each move, in order."""
+        earlier ones). A core without ``_apply_batch`` (it is optional: a first store's core need not batch) gets
+        each move through ``_apply``, one transaction each, with the same results. Each move is logged, and each
+        fencing refusal recorded, as :meth:`_move` does; returns the moved intent or the refusal of each move, in
+        order."""
+        apply_batch = getattr(self.core, "_apply_batch", None) or self._one_by_one
         rounds: dict[tuple[int, str], list[int]] = {}
         seen: dict[str, int] = {}
         for i, (event, key, _) in enumerate(moves):
@@ -238,7 +250,7 @@ class Operations(ClaimOperations):
             rounds.setdefault((n, event), []).append(i)
         results: dict[int, Intent | Rejected] = {}
         for (_, event), idx in sorted(rounds.items(), key=lambda r: r[0][0]):
-            got = self.core._apply_batch(event, [(moves[i][1], moves[i][2]) for i in idx])
+            got = apply_batch(event, [(moves[i][1], moves[i][2]) for i in idx])
             results.update(zip(idx, got, strict=True))
         out = [results[i] for i in range(len(moves))]
         for (event, _, args), res in zip(moves, out, strict=True):
