@@ -569,6 +569,14 @@ def test_model_and_sql_registries_cover_exactly_the_machine_catalogues():
     assert set(CLAIM_GUARDS) == set(CLAIM_SQL_GUARDS) == set(machine("claim").guards)
 
 
+def test_each_machine_effect_has_exactly_one_model_and_one_sql_implementation():
+    from atmostonce.claims import APPROVAL_EFFECTS, CLAIM_EFFECTS
+    from atmostonce_sql.claims import APPROVAL_SQL_EFFECTS, CLAIM_SQL_EFFECTS
+
+    assert set(APPROVAL_EFFECTS) == set(APPROVAL_SQL_EFFECTS) == set(machine("approval").effects)
+    assert set(CLAIM_EFFECTS) == set(CLAIM_SQL_EFFECTS) == set(machine("claim").effects)
+
+
 def test_a_failed_read_back_leaves_the_claim_uncertain_and_the_target_held(any_store):
     s = any_store.store
     a, b = gated(s, "a"), gated(s, "b")

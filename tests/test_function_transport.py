@@ -22,6 +22,7 @@ from atmostonce.transport import Found, NotFound, NotSent, Sent, Transport, Unkn
 from atmostonce_function import FunctionTransport, FunctionTransportError
 from atmostonce_function.classify import (
     ExceptionTableError,
+    OutcomeTableCode,
     dotted_name,
     exception_outcomes_path,
     exception_table,
@@ -320,13 +321,18 @@ def test_extra_rows_classify_an_sdks_own_errors_before_the_shipped_rows():
     assert exception_table().classify(TimeoutError()).outcome == "send.unknown"  # the shipped table is unchanged
 
 
+Code = OutcomeTableCode
+
+
 def test_extra_rows_are_checked_like_the_file():
-    with pytest.raises(ExceptionTableError, match="outcome 'probably_not_sent'"):
+    with pytest.raises(ExceptionTableError) as e:
         FunctionTransport(
             lambda r: "id", extra_rows=[{"exception": "a.B", "outcome": "probably_not_sent", "rule": "x"}]
         )
-    with pytest.raises(ExceptionTableError, match="catch-all"):
+    assert e.value.as_dict() == {"code": Code.UNKNOWN_OUTCOME, "where": "extra_rows[0].outcome", "path": None}
+    with pytest.raises(ExceptionTableError) as e:
         FunctionTransport(lambda r: "id", extra_rows=[{"exception": Exception, "outcome": "not_sent", "rule": "x"}])
+    assert e.value.as_dict() == {"code": Code.NOT_SENT_UNPROVEN, "where": "extra_rows[0]", "path": None}
 
 
 # ---------------------------------------------------------------- the table file
@@ -363,41 +369,86 @@ def test_a_row_with_an_unknown_outcome_name_fails_at_load(tmp_path):
     text = exception_outcomes_path().read_text("utf-8")
     bad = tmp_path / "exception_outcomes.toml"
     bad.write_text(text.replace('outcome = "not_sent"', 'outcome = "not_sen"', 1), "utf-8")
-    with pytest.raises(ExceptionTableError, match=r"rows\[0\] \(builtins.ConnectionRefusedError\): outcome 'not_sen'"):
+    with pytest.raises(ExceptionTableError) as e:
         load_exception_table(bad)
+    assert e.value.as_dict() == {"code": Code.UNKNOWN_OUTCOME, "where": "rows[0].outcome", "path": str(bad)}
+
+
+def test_a_missing_or_malformed_table_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(ExceptionTableError) as e:
+        load_exception_table(tmp_path / "absent.toml")
+    assert e.value.as_dict() == {"code": Code.NOT_FOUND, "where": None, "path": str(tmp_path / "absent.toml")}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[rows]", "utf-8")
+    with pytest.raises(ExceptionTableError) as e:
+        load_exception_table(bad)
+    assert e.value.as_dict() == {"code": Code.NOT_TOML, "where": None, "path": str(bad)}
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
+    ("change", "code", "where"),
     [
-        ({"default": "not_sent"}, "default must be 'unknown'"),
-        ({"default": "success"}, "outcome 'success' is not one of"),
-        ({"format": 2}, "unsupported format"),
-        ({"rows": []}, "missing"),
-        ({"extra": 1}, "unknown keys"),
+        ({"default": "not_sent"}, Code.DEFAULT_NOT_UNKNOWN, "default"),
+        ({"default": "success"}, Code.UNKNOWN_OUTCOME, "default"),
+        ({"format": 2}, Code.FORMAT, "format"),
+        ({"rows": []}, Code.MISSING, "rows"),
+        ({"extra": 1}, Code.UNKNOWN_FIELD, "extra"),
     ],
 )
-def test_the_loader_refuses_a_default_other_than_unknown_and_a_bad_header(change, message):
-    with pytest.raises(ExceptionTableError, match=message):
+def test_the_loader_refuses_a_default_other_than_unknown_and_a_bad_header(change, code, where):
+    with pytest.raises(ExceptionTableError) as e:
         parse_exception_table(raw_table() | change)
+    assert (e.value.code, e.value.where) == (code, where)
 
 
 @pytest.mark.parametrize(
-    ("row", "message"),
+    ("row", "code", "where"),
     [
-        ({"exception": "a.B", "outcome": "success", "rule": "r"}, "outcome 'success'"),
-        ({"exception": "NoModule", "outcome": "unknown", "rule": "r"}, "not a dotted class name"),
-        ({"exception": "a.B", "outcome": "unknown"}, "every row says why"),
-        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "codes": [1]}, "needs an attribute"),
-        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "code"}, "exactly one of codes, range"),
-        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "c", "range": [5, 1]}, "low <= high"),
-        ({"exception": "builtins.BaseException", "outcome": "not_sent", "rule": "r"}, "catch-all"),
-        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "when": "always"}, "unknown fields"),
+        ({"exception": "a.B", "outcome": "success", "rule": "r"}, Code.UNKNOWN_OUTCOME, "rows[0].outcome"),
+        ({"exception": "NoModule", "outcome": "unknown", "rule": "r"}, Code.INVALID_VALUE, "rows[0].exception"),
+        ({"exception": "a.B", "outcome": "unknown"}, Code.MISSING, "rows[0].rule"),
+        ({"exception": "a.B", "outcome": "unknown", "rule": " "}, Code.MISSING, "rows[0].rule"),
+        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "codes": [1]}, Code.SELECTOR, "rows[0]"),
+        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "code"}, Code.SELECTOR, "rows[0]"),
+        (
+            {"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "c", "codes": [1], "range": [1, 2]},
+            Code.SELECTOR,
+            "rows[0]",
+        ),
+        (
+            {"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "c.", "codes": [1]},
+            Code.INVALID_VALUE,
+            "rows[0].attribute",
+        ),
+        (
+            {"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "c", "codes": [True]},
+            Code.INVALID_VALUE,
+            "rows[0].codes",
+        ),
+        (
+            {"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "c", "range": [1]},
+            Code.INVALID_VALUE,
+            "rows[0].range",
+        ),
+        (
+            {"exception": "a.B", "outcome": "unknown", "rule": "r", "attribute": "c", "range": [5, 1]},
+            Code.INVALID_VALUE,
+            "rows[0].range",
+        ),
+        (
+            {"exception": "builtins.BaseException", "outcome": "not_sent", "rule": "r"},
+            Code.NOT_SENT_UNPROVEN,
+            "rows[0]",
+        ),
+        ({"exception": "builtins.Exception", "outcome": "not_sent", "rule": "r"}, Code.NOT_SENT_UNPROVEN, "rows[0]"),
+        ({"exception": "a.B", "outcome": "unknown", "rule": "r", "when": "always"}, Code.UNKNOWN_FIELD, "rows[0].when"),
+        ("a.B", Code.WRONG_TYPE, "rows[0]"),
     ],
 )
-def test_the_loader_refuses_a_malformed_row(row, message):
-    with pytest.raises(ExceptionTableError, match=message):
+def test_the_loader_refuses_a_malformed_row(row, code, where):
+    with pytest.raises(ExceptionTableError) as e:
         parse_exception_table(raw_table() | {"rows": [row]})
+    assert (e.value.code, e.value.where) == (code, where)
 
 
 def test_a_row_after_a_catch_all_row_of_its_class_is_refused_as_unreachable():
@@ -405,8 +456,9 @@ def test_a_row_after_a_catch_all_row_of_its_class_is_refused_as_unreachable():
         {"exception": "a.B", "outcome": "unknown", "rule": "r"},
         {"exception": "a.B", "outcome": "not_sent", "rule": "r", "attribute": "code", "codes": [1]},
     ]
-    with pytest.raises(ExceptionTableError, match="unreachable"):
+    with pytest.raises(ExceptionTableError) as e:
         parse_exception_table(raw_table() | {"rows": rows})
+    assert (e.value.code, e.value.where) == (Code.UNREACHABLE, "rows[1]")
 
 
 # ---------------------------------------------------------------- the callables' answers

@@ -630,11 +630,15 @@ def test_reconciler_run_counts_a_refused_settlement_as_skipped():
     base = MemoryStore(clock=FakeClock())
     its = [unknown(base, text=f"t{i}") for i in range(2)]
 
-    def refuse(plan, **kw):
-        raise GuardRefused("park_unreconcilable", plan.key, "plan_unchanged", "indeterminate")
+    def refuse(moves):  # the batch answers each move with its own refusal
+        return [GuardRefused(event, plan.key, "plan_unchanged", "indeterminate") for event, plan, _ in moves]
 
-    spy = Spy(base, park_unreconcilable=refuse)
+    spy = Spy(base, reconcile_many=refuse)
     assert Reconciler(spy, Platform(Capabilities()), CONFIG).run() == {"skipped": 2}
+    assert [event for [(event, _, _)] in ([m] for m in spy.args("reconcile_many")[0][0])] == [
+        "park_unreconcilable",
+        "park_unreconcilable",
+    ]
     assert [base.get(it.key).state for it in its] == ["indeterminate", "indeterminate"]
 
 

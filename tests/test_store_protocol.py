@@ -88,6 +88,14 @@ MACHINES_ONLY: dict[type, dict[str, str]] = {
         "claim_history": "the claim's own moves, without the refusals claim_log interleaves",
         "text_window_seconds": "the duplicate-text window in force: the stored one, else the store's default",
     },
+    MaintenanceStore: {
+        # the reconciler records its lookups in batches (reconcile_many); one lookup's record is its own move
+        "reconcile_found": "one lookup that found the object, recorded alone",
+        "reconcile_not_found": "one lookup that found nothing, recorded alone",
+        "reconcile_unproven": "one fenced not-found that proves nothing after a restore, recorded alone",
+        "reconcile_absent": "one fenced not-found that proves absence, recorded alone",
+        "park_unreconcilable": "one intent no lookup can settle, parked alone",
+    },
     AuditStore: {
         "total_attempts": "no move but begin creates an attempt",
         "current_epoch": "the restore epoch every lease and plan is fenced against",
@@ -287,3 +295,30 @@ def test_the_operations_compose_over_a_core_object_they_do_not_inherit_from():
         )
     assert refused.value.guard == "lease_holder"
     assert [r.guard for r in model.refusals(it.key)] == ["lease_holder"]
+
+
+def test_a_core_that_does_not_batch_still_gets_the_sweepers_batch_moved_one_by_one():
+    import dataclasses
+
+    from atmostonce.names import EVENT, STATE
+    from atmostonce.testing.stateful import FakeClock
+
+    class Unbatched:  # the model's core with no _apply_batch, as a first store's core may be
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            if name == "_apply_batch":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    clock = FakeClock()
+    model = MemoryStore(clock=clock)
+    ops = Operations(Unbatched(model), model.table)
+    keys = [ops.submit("acct", "post", f"target-{i}", {"text": f"t{i}"}).key for i in range(2)]
+    leases = [ops.begin(k, lease_seconds=5) for k in keys]
+    clock.advance(10)
+    stale = dataclasses.replace(model.get(keys[1]), attempt_token="forged")
+    got = ops.expire_leases([(EVENT.abandon_attempt, model.get(keys[0])), (EVENT.abandon_attempt, stale)])
+    assert model.get(keys[0]).state == STATE.pending and got[0].key == keys[0]
+    assert got[1].guard == "lease_holder" and model.get(keys[1]).attempt_token == leases[1].attempt_token

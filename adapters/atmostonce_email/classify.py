@@ -8,7 +8,9 @@ default must be the unknown one. :meth:`EmailOutcomeTable.for_error` and
 :meth:`EmailOutcomeTable.for_reply` return a :class:`Classification` whose ``row`` names the row
 (``error:lost_after_payload``, ``reply:envelope:400-599``, ``default``).
 
-Errors: :class:`EmailOutcomeTableError` (a ``ValueError``) for a missing or inconsistent file.
+Errors: :class:`EmailOutcomeTableError` (a ``ValueError``) for a missing or inconsistent file; its ``code`` (an
+:class:`atmostonce_http.table_errors.OutcomeTableCode`), ``where`` (e.g. ``replies[0].phase``) and ``path`` say
+why and where.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 from atmostonce.table import table
 from atmostonce.transport import NotSent, Sent, Unknown
-from atmostonce_http.classify import read_toml, spec_file
+from atmostonce_http.classify import kinds_fault, load_file, spec_file
+from atmostonce_http.table_errors import OutcomeTableCode, OutcomeTableFileError
 
 __all__ = [
     "ERROR_KINDS",
@@ -30,6 +33,7 @@ __all__ = [
     "Classification",
     "EmailOutcomeTable",
     "EmailOutcomeTableError",
+    "OutcomeTableCode",
     "ReplyRow",
     "email_outcome_table",
     "email_outcomes_path",
@@ -57,8 +61,17 @@ PHASES = ("greeting", "envelope", "final")
 _RESULTS = {cls.outcome: cls for cls in (Sent, NotSent, Unknown)}  # the defaults name the table's outcomes
 
 
-class EmailOutcomeTableError(ValueError):
-    """``email_outcomes.toml`` is missing, malformed, or names outcomes the table does not have."""
+class EmailOutcomeTableError(OutcomeTableFileError):
+    """``email_outcomes.toml`` is missing, malformed, or names outcomes the table does not have.
+
+    Attributes (those of :class:`~atmostonce_http.table_errors.OutcomeTableFileError`): ``code`` (an
+    :class:`OutcomeTableCode`), ``where`` (the path of the field or row at fault: ``"replies[0].range"``,
+    ``"errors.other.outcome"``, ``"replies[1]"`` for a row whose phase, range and outcome together claim what
+    the reply cannot prove; ``None`` when the whole file is) and ``path`` (the file; ``None`` for a table
+    parsed from a mapping)."""
+
+
+Code = OutcomeTableCode
 
 
 @dataclass(frozen=True)
@@ -106,11 +119,14 @@ def result_type(outcome: str) -> type[Sent] | type[NotSent] | type[Unknown]:
     return _RESULTS[outcome]
 
 
-def _outcome(value: Any, where: str) -> str:
+def _outcome(value: Any, label: str, where: str) -> str:
+    """``value`` if it is a send outcome of the table; ``label`` names the row in the message, ``where`` the value."""
     known = table().outcomes
     if value not in _RESULTS or value not in known:
         raise EmailOutcomeTableError(
-            f"{where}: outcome {value!r} is not a send outcome of the table ({sorted(_RESULTS)})"
+            f"{label}: outcome {value!r} is not a send outcome of the table ({sorted(_RESULTS)})",
+            code=Code.UNKNOWN_OUTCOME,
+            where=where,
         )
     return value
 
@@ -118,13 +134,17 @@ def _outcome(value: Any, where: str) -> str:
 def _reply_row(raw: Any, i: int) -> ReplyRow:
     where = f"replies[{i}]"
     if not isinstance(raw, dict):
-        raise EmailOutcomeTableError(f"{where}: must be a table")
+        raise EmailOutcomeTableError(f"{where}: must be a table", code=Code.WRONG_TYPE, where=where)
     unknown = set(raw) - {"phase", "range", "outcome", "rule"}
     if unknown:
-        raise EmailOutcomeTableError(f"{where}: unknown fields {sorted(unknown)}")
+        raise EmailOutcomeTableError(
+            f"{where}: unknown fields {sorted(unknown)}", code=Code.UNKNOWN_FIELD, where=f"{where}.{min(unknown)}"
+        )
     phase = raw.get("phase")
     if phase not in PHASES:
-        raise EmailOutcomeTableError(f"{where}: phase must be one of {PHASES}, got {phase!r}")
+        raise EmailOutcomeTableError(
+            f"{where}: phase must be one of {PHASES}, got {phase!r}", code=Code.INVALID_VALUE, where=f"{where}.phase"
+        )
     rng = raw.get("range")
     if not (
         isinstance(rng, list)
@@ -132,13 +152,23 @@ def _reply_row(raw: Any, i: int) -> ReplyRow:
         and all(isinstance(c, int) for c in rng)
         and 200 <= rng[0] <= rng[1] <= 599
     ):
-        raise EmailOutcomeTableError(f"{where}: range must be [low, high] SMTP codes with 200 <= low <= high <= 599")
-    outcome = _outcome(raw.get("outcome"), where)
+        raise EmailOutcomeTableError(
+            f"{where}: range must be [low, high] SMTP codes with 200 <= low <= high <= 599",
+            code=Code.INVALID_VALUE,
+            where=f"{where}.range",
+        )
+    outcome = _outcome(raw.get("outcome"), where, f"{where}.outcome")
     cls = _RESULTS[outcome]
     if cls is Sent and (phase != "final" or rng[0] < 200 or rng[1] > 299):
-        raise EmailOutcomeTableError(f"{where}: only a 2xx final reply can be a success")
+        raise EmailOutcomeTableError(
+            f"{where}: only a 2xx final reply can be a success", code=Code.SUCCESS_UNPROVEN, where=where
+        )
     if cls is NotSent and rng[0] < 400:
-        raise EmailOutcomeTableError(f"{where}: only a 4xx/5xx reply can prove the message was not taken")
+        raise EmailOutcomeTableError(
+            f"{where}: only a 4xx/5xx reply can prove the message was not taken",
+            code=Code.NOT_SENT_UNPROVEN,
+            where=where,
+        )
     return ReplyRow(phase, rng[0], rng[1], outcome, str(raw.get("rule", "")))
 
 
@@ -146,27 +176,47 @@ def parse_email_outcomes(raw: Mapping[str, Any]) -> EmailOutcomeTable:
     """Validate parsed TOML and build an :class:`EmailOutcomeTable`. Raises :class:`EmailOutcomeTableError`."""
     unknown = set(raw) - {"format", "default", "errors", "replies"}
     if unknown:
-        raise EmailOutcomeTableError(f"unknown top-level keys {sorted(unknown)}")
+        raise EmailOutcomeTableError(
+            f"unknown top-level keys {sorted(unknown)}", code=Code.UNKNOWN_FIELD, where=min(unknown)
+        )
     if raw.get("format") != 1:
-        raise EmailOutcomeTableError(f"unsupported format {raw.get('format')!r} (expected 1)")
-    default = _outcome(raw.get("default"), "default")
+        raise EmailOutcomeTableError(
+            f"unsupported format {raw.get('format')!r} (expected 1)", code=Code.FORMAT, where="format"
+        )
+    default = _outcome(raw.get("default"), "default", "default")
     if _RESULTS[default] is not Unknown:
-        raise EmailOutcomeTableError("default must be the unknown send outcome: when in doubt, never claim not sent")
+        raise EmailOutcomeTableError(
+            "default must be the unknown send outcome: when in doubt, never claim not sent",
+            code=Code.DEFAULT_NOT_UNKNOWN,
+            where="default",
+        )
     errors_raw = raw.get("errors")
-    if not isinstance(errors_raw, dict) or set(errors_raw) != set(ERROR_KINDS):
-        got = sorted(errors_raw) if isinstance(errors_raw, dict) else errors_raw
-        raise EmailOutcomeTableError(f"[errors] rows must be exactly {ERROR_KINDS}, got {got!r}")
+    if not isinstance(errors_raw, dict):
+        raise EmailOutcomeTableError(
+            f"[errors] rows must be exactly {ERROR_KINDS}, got {errors_raw!r}", code=Code.MISSING, where="errors"
+        )
+    fault = kinds_fault(errors_raw, ERROR_KINDS, "errors")
+    if fault is not None:
+        raise EmailOutcomeTableError(
+            f"[errors] rows must be exactly {ERROR_KINDS}, got {sorted(errors_raw)!r}", code=fault[0], where=fault[1]
+        )
     errors: dict[str, Classification] = {}
     for kind, row in errors_raw.items():
         if not isinstance(row, dict):
-            raise EmailOutcomeTableError(f"errors.{kind}: must be a table")
-        outcome = _outcome(row.get("outcome"), f"errors.{kind}")
+            raise EmailOutcomeTableError(
+                f"errors.{kind}: must be a table", code=Code.WRONG_TYPE, where=f"errors.{kind}"
+            )
+        outcome = _outcome(row.get("outcome"), f"errors.{kind}", f"errors.{kind}.outcome")
         if _RESULTS[outcome] is Sent:
-            raise EmailOutcomeTableError(f"errors.{kind}: a failure can never be a success")
+            raise EmailOutcomeTableError(
+                f"errors.{kind}: a failure can never be a success",
+                code=Code.SUCCESS_UNPROVEN,
+                where=f"errors.{kind}.outcome",
+            )
         errors[kind] = Classification(outcome, f"error:{kind}", str(row.get("rule", "")))
     replies_raw = raw.get("replies")
     if not isinstance(replies_raw, list) or not replies_raw:
-        raise EmailOutcomeTableError("missing [[replies]] rows")
+        raise EmailOutcomeTableError("missing [[replies]] rows", code=Code.MISSING, where="replies")
     replies = tuple(_reply_row(r, i) for i, r in enumerate(replies_raw))
     return EmailOutcomeTable(MappingProxyType(errors), replies, default)
 
@@ -179,7 +229,7 @@ def email_outcomes_path() -> Path:
 def load_email_outcomes(path: str | Path | None = None) -> EmailOutcomeTable:
     """Read and validate the table at ``path`` (default :func:`email_outcomes_path`)."""
     p = Path(path) if path is not None else email_outcomes_path()
-    return parse_email_outcomes(read_toml(p, EmailOutcomeTableError))
+    return load_file(p, parse_email_outcomes, EmailOutcomeTableError)
 
 
 @functools.cache

@@ -19,7 +19,9 @@ names of the send outcomes the runtime records (:class:`atmostonce.transport.Not
 is typed here: they are read from the result classes and the table.
 
 Errors: :class:`ExceptionTableError` (a ``ValueError``) when the file is missing, is not TOML,
-or a row is malformed (an unknown outcome name, a bad dotted name, no rule, ...).
+or a row is malformed (an unknown outcome name, a bad dotted name, no rule, ...); its ``code`` (an
+:class:`atmostonce_http.table_errors.OutcomeTableCode`), ``where`` (e.g. ``rows[0].outcome``) and
+``path`` say why and where.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from atmostonce.table import table
+from atmostonce.table import spec_dir, table
 from atmostonce.transport import NotSent, Unknown
-from atmostonce_http.classify import read_toml, spec_file
+from atmostonce_http.classify import load_file, spec_file
+from atmostonce_http.table_errors import OutcomeTableCode, OutcomeTableFileError
 
 __all__ = [
     "CATCH_ALL",
@@ -42,6 +45,7 @@ __all__ = [
     "ExceptionRow",
     "ExceptionTable",
     "ExceptionTableError",
+    "OutcomeTableCode",
     "dotted_name",
     "exception_outcomes_path",
     "exception_table",
@@ -59,8 +63,17 @@ _ATTRIBUTE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _ROW_FIELDS = frozenset({"exception", "outcome", "rule", "attribute", "codes", "range"})
 
 
-class ExceptionTableError(ValueError):
-    """``exception_outcomes.toml`` (or a row passed in) is missing, malformed or names an unknown outcome."""
+class ExceptionTableError(OutcomeTableFileError):
+    """``exception_outcomes.toml`` (or a row passed in) is missing, malformed or names an unknown outcome.
+
+    Attributes (those of :class:`~atmostonce_http.table_errors.OutcomeTableFileError`): ``code`` (an
+    :class:`OutcomeTableCode`: ``unknown_outcome``, ``not_sent_unproven`` for a catch-all class made not sent,
+    ``unreachable``, ...), ``where`` (the path of the field or row at fault: ``"rows[0].outcome"``,
+    ``"rows[2]"``, ``"default"``, ``"extra_rows[0].rule"`` for rows given to :meth:`ExceptionTable.with_rows`;
+    ``None`` when the whole file is) and ``path`` (the file; ``None`` for rows passed in)."""
+
+
+Code = OutcomeTableCode
 
 
 def dotted_name(cls: type) -> str:
@@ -83,7 +96,11 @@ def failure_outcomes() -> Mapping[str, str]:
     for result in (NotSent, Unknown):
         full = result.outcome
         if full not in outcomes:
-            raise ExceptionTableError(f"{result.__name__}.outcome {full!r} is not an outcome of spec/table.toml")
+            raise ExceptionTableError(
+                f"{result.__name__}.outcome {full!r} is not an outcome of spec/table.toml",
+                code=Code.UNKNOWN_OUTCOME,
+                path=str(spec_dir() / "table.toml"),
+            )
         out[_short(full)] = full
     return MappingProxyType(out)
 
@@ -147,58 +164,83 @@ class ExceptionTable:
 
     def with_rows(self, extra: Iterable[Mapping[str, Any]]) -> ExceptionTable:
         """A table whose rows for a class are ``extra``'s (checked as :func:`parse_rows`), then this one's."""
-        added = parse_rows(extra, "extra rows")
+        added = parse_rows(extra, "extra_rows")
         merged = {name: added.get(name, ()) + self.rows.get(name, ()) for name in {*self.rows, *added}}
         return ExceptionTable(MappingProxyType(merged), self.default)
 
 
-def _outcome(value: Any, where: str) -> str:
+def _outcome(value: Any, label: str, where: str) -> str:
+    """The table's outcome name for row outcome ``value``; ``label`` names the row in the message, ``where`` the
+    field in the error."""
     vocabulary = failure_outcomes()
     if value not in vocabulary:
-        raise ExceptionTableError(f"{where}: outcome {value!r} is not one of {sorted(vocabulary)}")
+        raise ExceptionTableError(
+            f"{label}: outcome {value!r} is not one of {sorted(vocabulary)}", code=Code.UNKNOWN_OUTCOME, where=where
+        )
     return vocabulary[value]
 
 
-def _int_list(value: Any, where: str, what: str) -> list[int]:
+def _int_list(value: Any, label: str, where: str, what: str) -> list[int]:
     if not isinstance(value, list) or not value or not all(type(c) is int for c in value):
-        raise ExceptionTableError(f"{where}: {what} must be a non-empty list of integers")
+        raise ExceptionTableError(
+            f"{label}: {what} must be a non-empty list of integers", code=Code.INVALID_VALUE, where=f"{where}.{what}"
+        )
     return value
 
 
 def _row(raw: Any, where: str) -> ExceptionRow:
+    """Check one row; ``where`` is its path (``rows[0]``), which the messages follow with the class's name."""
     if not isinstance(raw, Mapping):
-        raise ExceptionTableError(f"{where}: a row must be a table")
+        raise ExceptionTableError(f"{where}: a row must be a table", code=Code.WRONG_TYPE, where=where)
     unknown = set(raw) - _ROW_FIELDS
     if unknown:
-        raise ExceptionTableError(f"{where}: unknown fields {sorted(unknown)}")
+        raise ExceptionTableError(
+            f"{where}: unknown fields {sorted(unknown)}", code=Code.UNKNOWN_FIELD, where=f"{where}.{min(unknown)}"
+        )
     exception = raw.get("exception")
     if isinstance(exception, type) and issubclass(exception, BaseException):
         exception = dotted_name(exception)
     if not isinstance(exception, str) or not _DOTTED.match(exception):
-        raise ExceptionTableError(f"{where}: exception {exception!r} is not a dotted class name (module.Class)")
-    where = f"{where} ({exception})"
-    outcome = _outcome(raw.get("outcome"), where)
+        raise ExceptionTableError(
+            f"{where}: exception {exception!r} is not a dotted class name (module.Class)",
+            code=Code.INVALID_VALUE,
+            where=f"{where}.exception",
+        )
+    label = f"{where} ({exception})"
+    outcome = _outcome(raw.get("outcome"), label, f"{where}.outcome")
     rule = raw.get("rule")
     if not isinstance(rule, str) or not rule.strip():
-        raise ExceptionTableError(f"{where}: every row says why (rule)")
+        raise ExceptionTableError(f"{label}: every row says why (rule)", code=Code.MISSING, where=f"{where}.rule")
     if exception in CATCH_ALL and outcome == NotSent.outcome:
-        raise ExceptionTableError(f"{where}: a catch-all class can never be not sent")
+        raise ExceptionTableError(
+            f"{label}: a catch-all class can never be not sent", code=Code.NOT_SENT_UNPROVEN, where=where
+        )
     attribute = raw.get("attribute")
     selectors = [k for k in ("codes", "range") if k in raw]
     if attribute is None:
         if selectors:
-            raise ExceptionTableError(f"{where}: {selectors[0]} needs an attribute")
+            raise ExceptionTableError(f"{label}: {selectors[0]} needs an attribute", code=Code.SELECTOR, where=where)
         return ExceptionRow(exception, outcome, rule)
     if not isinstance(attribute, str) or not _ATTRIBUTE.match(attribute):
-        raise ExceptionTableError(f"{where}: attribute {attribute!r} is not a dotted attribute path")
+        raise ExceptionTableError(
+            f"{label}: attribute {attribute!r} is not a dotted attribute path",
+            code=Code.INVALID_VALUE,
+            where=f"{where}.attribute",
+        )
     if len(selectors) != 1:
-        raise ExceptionTableError(f"{where}: an attribute row needs exactly one of codes, range (got {selectors})")
+        raise ExceptionTableError(
+            f"{label}: an attribute row needs exactly one of codes, range (got {selectors})",
+            code=Code.SELECTOR,
+            where=where,
+        )
     if "codes" in raw:
-        codes = _int_list(raw["codes"], where, "codes")
+        codes = _int_list(raw["codes"], label, where, "codes")
         return ExceptionRow(exception, outcome, rule, attribute, codes=tuple(codes))
-    rng = _int_list(raw["range"], where, "range")
+    rng = _int_list(raw["range"], label, where, "range")
     if len(rng) != 2 or rng[0] > rng[1]:
-        raise ExceptionTableError(f"{where}: range must be [low, high] with low <= high")
+        raise ExceptionTableError(
+            f"{label}: range must be [low, high] with low <= high", code=Code.INVALID_VALUE, where=f"{where}.range"
+        )
     return ExceptionRow(exception, outcome, rule, attribute, low=rng[0], high=rng[1])
 
 
@@ -206,14 +248,16 @@ def parse_rows(raw_rows: Iterable[Any], where: str = "rows") -> Mapping[str, tup
     """Check rows (mappings in the file's row format; ``exception`` may also be a class) and group them by
     class name, in order. A class's row without ``attribute`` matches always, so it must be its last row."""
     if isinstance(raw_rows, (str, bytes, Mapping)):
-        raise ExceptionTableError(f"{where}: must be a list of rows")
+        raise ExceptionTableError(f"{where}: must be a list of rows", code=Code.WRONG_TYPE, where=where)
     grouped: dict[str, list[ExceptionRow]] = {}
     for i, raw in enumerate(raw_rows):
         row = _row(raw, f"{where}[{i}]")
         earlier = grouped.setdefault(row.exception, [])
         if earlier and earlier[-1].attribute is None:
             raise ExceptionTableError(
-                f"{where}[{i}] ({row.exception}): unreachable, an earlier row for this class without attribute matches first"
+                f"{where}[{i}] ({row.exception}): unreachable, an earlier row for this class without attribute matches first",
+                code=Code.UNREACHABLE,
+                where=f"{where}[{i}]",
             )
         earlier.append(row)
     return MappingProxyType({name: tuple(rows) for name, rows in grouped.items()})
@@ -223,17 +267,21 @@ def parse_exception_table(raw: Mapping[str, Any]) -> ExceptionTable:
     """Validate parsed TOML and build an :class:`ExceptionTable`. Raises :class:`ExceptionTableError`."""
     unknown = set(raw) - {"format", "default", "rows"}
     if unknown:
-        raise ExceptionTableError(f"unknown keys {sorted(unknown)}")
+        raise ExceptionTableError(f"unknown keys {sorted(unknown)}", code=Code.UNKNOWN_FIELD, where=min(unknown))
     if raw.get("format") != 1:
-        raise ExceptionTableError(f"unsupported format {raw.get('format')!r} (expected 1)")
-    default = _outcome(raw.get("default"), "default")
+        raise ExceptionTableError(
+            f"unsupported format {raw.get('format')!r} (expected 1)", code=Code.FORMAT, where="format"
+        )
+    default = _outcome(raw.get("default"), "default", "default")
     if default != Unknown.outcome:
         raise ExceptionTableError(
-            f"default must be {_short(Unknown.outcome)!r}: an exception nobody knows is never not sent"
+            f"default must be {_short(Unknown.outcome)!r}: an exception nobody knows is never not sent",
+            code=Code.DEFAULT_NOT_UNKNOWN,
+            where="default",
         )
     rows_raw = raw.get("rows")
     if not isinstance(rows_raw, list) or not rows_raw:
-        raise ExceptionTableError("missing [[rows]]")
+        raise ExceptionTableError("missing [[rows]]", code=Code.MISSING, where="rows")
     return ExceptionTable(parse_rows(rows_raw), default)
 
 
@@ -245,7 +293,7 @@ def exception_outcomes_path() -> Path:
 def load_exception_table(path: str | Path | None = None) -> ExceptionTable:
     """Read and validate the table at ``path`` (default: the shipped one). Raises :class:`ExceptionTableError`."""
     p = Path(path) if path is not None else exception_outcomes_path()
-    return parse_exception_table(read_toml(p, ExceptionTableError))
+    return load_file(p, parse_exception_table, ExceptionTableError)
 
 
 @functools.cache

@@ -20,7 +20,9 @@ exception kind from :func:`atmostonce_http.classify.error_kind`;
 ``local:outside_resend_window``).
 
 Errors: :class:`atmostonce_http.classify.OutcomeTableError` for a missing or
-inconsistent file.
+inconsistent file, its ``code`` an :class:`atmostonce_http.table_errors.OutcomeTableCode`
+and its ``where`` the row or field at fault (``errcodes[0].statuses``,
+``local.not_logged_in.outcome``, ``statuses[0].may_exist``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,16 @@ from atmostonce_http.classify import (
     OUTCOMES,
     Classification,
     OutcomeTable,
+    OutcomeTableCode,
     OutcomeTableError,
     error_kind,
+    kinds_fault,
+    load_file,
     parse_outcome_table,
-    read_toml,
     spec_file,
 )
+
+Code = OutcomeTableCode
 
 __all__ = [
     "LOCAL_KINDS",
@@ -105,23 +111,45 @@ def matrix_outcomes_path() -> Path:
 def _errcode_row(raw: Any, i: int) -> ErrcodeRow:
     where = f"errcodes[{i}]"
     if not isinstance(raw, dict):
-        raise OutcomeTableError(f"{where}: must be a table")
+        raise OutcomeTableError(f"{where}: must be a table", code=Code.WRONG_TYPE, where=where)
     unknown = set(raw) - {"errcode", "statuses", "outcome", "rule"}
     if unknown:
-        raise OutcomeTableError(f"{where}: unknown fields {sorted(unknown)}")
+        raise OutcomeTableError(
+            f"{where}: unknown fields {sorted(unknown)}", code=Code.UNKNOWN_FIELD, where=f"{where}.{min(unknown)}"
+        )
     errcode = raw.get("errcode")
     if not isinstance(errcode, str) or not errcode.startswith("M_"):
-        raise OutcomeTableError(f"{where}: errcode must be a Matrix error code such as 'M_FORBIDDEN'")
+        raise OutcomeTableError(
+            f"{where}: errcode must be a Matrix error code such as 'M_FORBIDDEN'",
+            code=Code.INVALID_VALUE,
+            where=f"{where}.errcode",
+        )
     outcome = raw.get("outcome")
     if outcome not in OUTCOMES or outcome == "success":
-        raise OutcomeTableError(f"{where}: outcome must be not_sent or unknown, got {outcome!r}")
+        raise OutcomeTableError(
+            f"{where}: outcome must be not_sent or unknown, got {outcome!r}",
+            code=Code.SUCCESS_UNPROVEN if outcome == "success" else Code.UNKNOWN_OUTCOME,
+            where=f"{where}.outcome",
+        )
     statuses = raw.get("statuses")
     if not isinstance(statuses, list) or not statuses or not all(isinstance(s, int) for s in statuses):
-        raise OutcomeTableError(f"{where}: statuses must be a non-empty list of integers")
+        raise OutcomeTableError(
+            f"{where}: statuses must be a non-empty list of integers",
+            code=Code.INVALID_VALUE,
+            where=f"{where}.statuses",
+        )
     if any(s < 300 for s in statuses):
-        raise OutcomeTableError(f"{where}: an errcode row cannot match a 1xx or 2xx status")
+        raise OutcomeTableError(
+            f"{where}: an errcode row cannot match a 1xx or 2xx status",
+            code=Code.INVALID_VALUE,
+            where=f"{where}.statuses",
+        )
     if outcome == "not_sent" and any(not 400 <= s <= 499 for s in statuses):
-        raise OutcomeTableError(f"{where}: a not_sent errcode row may only match 4xx statuses (a 5xx is no proof)")
+        raise OutcomeTableError(
+            f"{where}: a not_sent errcode row may only match 4xx statuses (a 5xx is no proof)",
+            code=Code.NOT_SENT_UNPROVEN,
+            where=where,
+        )
     return ErrcodeRow(errcode, outcome, str(raw.get("rule", "")), tuple(statuses))
 
 
@@ -129,28 +157,42 @@ def parse_matrix_outcomes(raw: Mapping[str, Any]) -> MatrixOutcomeTable:
     """Validate parsed TOML and build a :class:`MatrixOutcomeTable`. Raises ``OutcomeTableError``."""
     unknown = set(raw) - {"format", "default", "errors", "statuses", "errcodes", "local"}
     if unknown:
-        raise OutcomeTableError(f"unknown top-level keys {sorted(unknown)}")
+        raise OutcomeTableError(
+            f"unknown top-level keys {sorted(unknown)}", code=Code.UNKNOWN_FIELD, where=min(unknown)
+        )
     http = parse_outcome_table(raw)
-    if any(row.may_exist for row in http.statuses):
-        raise OutcomeTableError("a Matrix table has no may_exist row: a homeserver answers a duplicate txnId with 200")
+    for i, row in enumerate(http.statuses):
+        if row.may_exist:
+            raise OutcomeTableError(
+                "a Matrix table has no may_exist row: a homeserver answers a duplicate txnId with 200",
+                code=Code.UNKNOWN_FIELD,
+                where=f"statuses[{i}].may_exist",
+            )
     local_raw = raw.get("local")
-    if not isinstance(local_raw, dict) or set(local_raw) != set(LOCAL_KINDS):
-        raise OutcomeTableError(f"[local] rows must be exactly {LOCAL_KINDS}")
+    if not isinstance(local_raw, dict):
+        raise OutcomeTableError(f"[local] rows must be exactly {LOCAL_KINDS}", code=Code.MISSING, where="local")
+    fault = kinds_fault(local_raw, LOCAL_KINDS, "local")
+    if fault is not None:
+        raise OutcomeTableError(f"[local] rows must be exactly {LOCAL_KINDS}", code=fault[0], where=fault[1])
     local: dict[str, tuple[str, str]] = {}
     for kind, row in local_raw.items():
-        if not isinstance(row, dict) or row.get("outcome") != "not_sent":
-            raise OutcomeTableError(f"local.{kind}: a refusal before any byte is not_sent")
+        message = f"local.{kind}: a refusal before any byte is not_sent"
+        if not isinstance(row, dict):
+            raise OutcomeTableError(message, code=Code.WRONG_TYPE, where=f"local.{kind}")
+        if row.get("outcome") != "not_sent":
+            raise OutcomeTableError(message, code=Code.NOT_SENT_REQUIRED, where=f"local.{kind}.outcome")
         local[kind] = ("not_sent", str(row.get("rule", "")))
     errcodes_raw = raw.get("errcodes", [])
     if not isinstance(errcodes_raw, list):
-        raise OutcomeTableError("[[errcodes]] must be an array of tables")
+        raise OutcomeTableError("[[errcodes]] must be an array of tables", code=Code.WRONG_TYPE, where="errcodes")
     errcodes = tuple(_errcode_row(r, i) for i, r in enumerate(errcodes_raw))
     return MatrixOutcomeTable(http, errcodes, MappingProxyType(local))
 
 
 def load_matrix_outcomes(path: str | Path | None = None) -> MatrixOutcomeTable:
     """Read and validate the table at ``path`` (default :func:`matrix_outcomes_path`)."""
-    return parse_matrix_outcomes(read_toml(Path(path) if path is not None else matrix_outcomes_path()))
+    p = Path(path) if path is not None else matrix_outcomes_path()
+    return load_file(p, parse_matrix_outcomes, OutcomeTableError)
 
 
 @functools.cache

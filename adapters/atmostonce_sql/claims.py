@@ -38,7 +38,7 @@ from atmostonce.table import Table
 from .guards import GuardRefs, SqlGuard
 from .schema import approvals, claim_history, claims, intents, operator_keys, refusals, signing_policies
 
-__all__ = ["APPROVAL_SQL_GUARDS", "CLAIM_SQL_GUARDS", "SqlClaims"]
+__all__ = ["APPROVAL_SQL_EFFECTS", "APPROVAL_SQL_GUARDS", "CLAIM_SQL_EFFECTS", "CLAIM_SQL_GUARDS", "SqlClaims"]
 
 
 def _p(name: str, type_: Any = None) -> sa.BindParameter:
@@ -142,6 +142,45 @@ CLAIM_SQL_GUARDS: dict[str, SqlGuard] = {
 }
 
 
+# ------------------------------------------------------------------ effects: ``(c, now)`` to the columns they SET
+def take_claim(c, now):
+    return {
+        "epoch": c.epoch + 1,
+        "owner_token": _p("new_token"),
+        "owner": _p("owner"),
+        "key": _p("key"),
+        "approval_id": _p("approval_id"),
+        "lease_expires_at": now + _p("claim_lease_seconds", sa.Float(53)),
+    }
+
+
+def drop_claim(c, now):
+    return {"owner_token": None, "owner": None, "key": None, "approval_id": None, "lease_expires_at": None}
+
+
+def bump_target_version(c, now):
+    return {"target_version": c.target_version + 1}
+
+
+def extend_claim_lease(c, now):  # the intent's send lease, so both deadlines pass together
+    return {"lease_expires_at": _p("lease_until", sa.Float(53))}
+
+
+def mark_used(c, now):
+    return {"used_epoch": _p("claim_epoch", sa.BigInteger())}
+
+
+def record_approval(c, now):
+    """The creating event's ``INSERT ... SELECT`` is :meth:`SqlClaims._approve`'s; no move applies it to a row."""
+    raise AssertionError("record_approval creates the approval row; no move applies it")  # pragma: no cover
+
+
+CLAIM_SQL_EFFECTS: dict[str, Any] = {
+    f.__name__: f for f in (take_claim, drop_claim, bump_target_version, extend_claim_lease)
+}
+APPROVAL_SQL_EFFECTS: dict[str, Any] = {f.__name__: f for f in (mark_used, record_approval)}
+
+
 # ------------------------------------------------------------------ approval guards
 def approver_identified(c, now, x):
     return _named(_p("approver"))
@@ -232,7 +271,7 @@ class SqlClaims:
         where += [guards[g](c, self._now, x) for g in ev.guards if g not in self._disabled_guards]
         values: dict[str, Any] = {"state": ev.target, "updated_at": self._now}
         for eff in ev.effects:
-            values.update(self._aux_effect_values(eff, c))
+            values.update((APPROVAL_SQL_EFFECTS if mname == "approval" else CLAIM_SQL_EFFECTS)[eff](c, self._now))
         update = sa.update(tbl).where(*where).values(**values).returning(*tbl.c)
         checked = [g for g in ev.guards if g not in self._disabled_guards]
         diagnose = sa.select(c.state, *[sa.case((guards[g](c, self._now, x), 1), else_=0) for g in checked]).where(
@@ -241,26 +280,6 @@ class SqlClaims:
         out = {"update": update, "diagnose": diagnose, "event": ev, "checked": checked}
         self._cache[cache_key] = out
         return out
-
-    def _aux_effect_values(self, eff: str, c) -> dict[str, Any]:
-        if eff == "take_claim":
-            return {
-                "epoch": c.epoch + 1,
-                "owner_token": _p("new_token"),
-                "owner": _p("owner"),
-                "key": _p("key"),
-                "approval_id": _p("approval_id"),
-                "lease_expires_at": self._now + _p("claim_lease_seconds", sa.Float(53)),
-            }
-        if eff == "drop_claim":
-            return {"owner_token": None, "owner": None, "key": None, "approval_id": None, "lease_expires_at": None}
-        if eff == "bump_target_version":
-            return {"target_version": c.target_version + 1}
-        if eff == "extend_claim_lease":  # the intent's send lease, so both deadlines pass together
-            return {"lease_expires_at": _p("lease_until", sa.Float(53))}
-        if eff == "mark_used":
-            return {"used_epoch": _p("claim_epoch", sa.BigInteger())}
-        raise KeyError(f"effect {eff!r} has no SQL implementation")
 
     @staticmethod
     def _aux_params(subject: str, args: Mapping[str, Any]) -> dict[str, Any]:

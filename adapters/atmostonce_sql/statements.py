@@ -129,19 +129,21 @@ class Statements:
         )
 
     # -- moves ----------------------------------------------------------------------------
-    def move(self, ev: Any, disabled: Iterable[str] = (), coupled: bool = False) -> dict[str, Any]:
-        """The statements of ``ev`` with the guards in ``disabled`` left out: the gate (``update``), the
-        appends, the diagnosis (``diagnose``, and ``checked``, the guards it evaluates in order), and on
-        PostgreSQL all of it as one statement (``one``) and the same failing when no row moved
-        (``strict``, for pipelined moves). An event that couples a claim move has two forms: the fast
-        one moves only intents without an approval requirement (and, for an effect with a window row,
-        only accounts without one); ``coupled`` is the one run inside the transaction that also moves
-        the claim and the window."""
-        off = frozenset(disabled)
+    def _gate(
+        self, ev: Any, key: Any, off: frozenset[str], coupled: bool, per_row: Any = None
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The conditional write of ``ev`` on the row whose key is ``key``: its WHERE (source states, the guard
+        fragments not in ``off``, and, in the fast form, no approval requirement and each effect's fast-path
+        condition) and its SET (the effects' values). ``per_row`` rewrites each fragment and value (a batch
+        reads what a move presents from its row of the batch)."""
         c = intents.c
-        where = [c.key == sa.bindparam("p_key"), c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
         x = GuardRefs(c.key, None, self.table, self.approval_table)  # an intent move: the row's own key
-        where += [SQL_GUARDS[g](c, self.now, x) for g in ev.guards if g not in off]
+
+        def own(expr: Any) -> Any:
+            return expr if per_row is None else per_row(expr)
+
+        where = [c.key == key, c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
+        where += [own(SQL_GUARDS[g](c, self.now, x)) for g in ev.guards if g not in off]
         if ev.couples and not coupled:
             where.append(c.requires_approval.is_(sa.false()))
         if not coupled:
@@ -154,7 +156,21 @@ class Statements:
             "history_count": c.history_count + 1,
         }
         for eff in ev.effects:
-            values.update(SQL_EFFECTS[eff].values(c, self.now, self.dialect))
+            values.update({k: own(v) for k, v in SQL_EFFECTS[eff].values(c, self.now, self.dialect).items()})
+        return where, values
+
+    def move(self, ev: Any, disabled: Iterable[str] = (), coupled: bool = False) -> dict[str, Any]:
+        """The statements of ``ev`` with the guards in ``disabled`` left out: the gate (``update``), the
+        appends, the diagnosis (``diagnose``, and ``checked``, the guards it evaluates in order), and on
+        PostgreSQL all of it as one statement (``one``) and the same failing when no row moved
+        (``strict``, for pipelined moves). An event that couples a claim move has two forms: the fast
+        one moves only intents without an approval requirement (and, for an effect with a window row,
+        only accounts without one); ``coupled`` is the one run inside the transaction that also moves
+        the claim and the window."""
+        off = frozenset(disabled)
+        c = intents.c
+        where, values = self._gate(ev, sa.bindparam("p_key"), off, coupled)
+        x = GuardRefs(c.key, None, self.table, self.approval_table)  # the diagnosis reads the same fragments
         update = sa.update(intents).where(*where).values(**values).returning(*intents.c, store_epoch())
         checked = [g for g in ev.guards if g not in off]  # what this statement evaluates
         diagnose = sa.select(
@@ -204,7 +220,6 @@ class Statements:
         rows each moved row writes, :meth:`move`'s appends from the moved row ``:p_key``, none returning a row,
         so each is sent once for every moved row (``executemany``)."""
         off = frozenset(disabled)
-        c = intents.c
         b = self.batch(columns)
         swap = {"p_key": b.c.key, **{f"p_{n}": b.c[n] for n in columns}}
 
@@ -217,21 +232,7 @@ class Statements:
                 return expr  # a constant (an effect's NULL)
             return visitors.replacement_traverse(expr, {}, replace)
 
-        x = GuardRefs(c.key, None, self.table, self.approval_table)
-        where = [c.key == b.c.key, c.state.in_([sa.literal(s, sa.Text) for s in ev.sources])]
-        where += [per_row(SQL_GUARDS[g](c, self.now, x)) for g in ev.guards if g not in off]
-        if ev.couples:
-            where.append(c.requires_approval.is_(sa.false()))
-        where += [w for w in (SQL_EFFECTS[e].fast_path(c) for e in ev.effects) if w is not None]
-        values: dict[str, Any] = {
-            "state": ev.target,
-            "prev_state": c.state,
-            "prev_attempt_token": c.attempt_token,
-            "updated_at": self.now,
-            "history_count": c.history_count + 1,
-        }
-        for eff in ev.effects:
-            values.update({k: per_row(v) for k, v in SQL_EFFECTS[eff].values(c, self.now, self.dialect).items()})
+        where, values = self._gate(ev, b.c.key, off, False, per_row)
         update = sa.update(intents).where(*where).values(**values).returning(*intents.c, store_epoch())
         src = sa.select(intents).where(intents.c.key == sa.bindparam("p_key")).subquery("u")
         return {"update": update, "appends": self.appends(ev, src, returning=False), "columns": tuple(columns)}

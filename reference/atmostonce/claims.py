@@ -276,6 +276,47 @@ CLAIM_GUARDS: dict[str, Callable[..., bool]] = {
 }
 
 
+# ------------------------------------------------------------------ effects (spec/claim.toml, spec/approval.toml)
+# ``(row, args, now)``: the moved copy of the claim or approval row, what the move presents (``args["intent"]``
+# the intent row, as for the guards), the store clock; each sets the columns its effect names.
+def take_claim(row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+    row["epoch"] += 1
+    row["owner_token"] = args["new_token"]
+    row["owner"] = args["owner"]
+    row["key"] = args["key"]
+    row["approval_id"] = args["approval_id"]
+    row["lease_expires_at"] = now + args["claim_lease_seconds"]
+
+
+def drop_claim(row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+    row.update(owner_token=None, owner=None, key=None, approval_id=None, lease_expires_at=None)
+
+
+def bump_target_version(row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+    row["target_version"] += 1
+
+
+def extend_claim_lease(row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+    row["lease_expires_at"] = args["intent"]["lease_expires_at"]  # the intent's send lease: both pass together
+
+
+def mark_used(row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+    row["used_epoch"] = args.get("claim_epoch")
+
+
+def record_approval(row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
+    """The creating event's row is inserted by the store's ``_approve``; no move applies it to a row."""
+    raise AssertionError("record_approval creates the approval row; no move applies it")  # pragma: no cover
+
+
+CLAIM_EFFECTS: dict[str, Callable[[dict[str, Any], Mapping[str, Any], float], None]] = {
+    f.__name__: f for f in (take_claim, drop_claim, bump_target_version, extend_claim_lease)
+}
+APPROVAL_EFFECTS: dict[str, Callable[[dict[str, Any], Mapping[str, Any], float], None]] = {
+    f.__name__: f for f in (mark_used, record_approval)
+}
+
+
 def _claim_lease_args(lease: ClaimLease) -> dict[str, Any]:
     if not isinstance(lease, ClaimLease):
         raise IntakeError(
@@ -607,29 +648,10 @@ class MemoryClaims:
                 raise GuardRefused(event, subject, g, row["state"])
         new = copy.deepcopy(row)
         for eff in ev.effects:
-            self._aux_effect(eff, new, args, now)
+            (APPROVAL_EFFECTS if mname == "approval" else CLAIM_EFFECTS)[eff](new, args, now)
         new["state"] = ev.target
         new["updated_at"] = now
         return new
-
-    def _aux_effect(self, eff: str, row: dict[str, Any], args: Mapping[str, Any], now: float) -> None:
-        if eff == "take_claim":
-            row["epoch"] += 1
-            row["owner_token"] = args["new_token"]
-            row["owner"] = args["owner"]
-            row["key"] = args["key"]
-            row["approval_id"] = args["approval_id"]
-            row["lease_expires_at"] = now + args["claim_lease_seconds"]
-        elif eff == "drop_claim":
-            row.update(owner_token=None, owner=None, key=None, approval_id=None, lease_expires_at=None)
-        elif eff == "bump_target_version":
-            row["target_version"] += 1
-        elif eff == "extend_claim_lease":  # the intent's send lease, so both deadlines pass together
-            row["lease_expires_at"] = args["intent"]["lease_expires_at"]
-        elif eff == "mark_used":
-            row["used_epoch"] = args.get("claim_epoch")
-        else:  # pragma: no cover - the machine checks name every effect
-            raise KeyError(eff)
 
     def _claim_entry(
         self,

@@ -555,16 +555,17 @@ class Reconciler:
             return it.resend_epoch, it.fence_epoch
         return current.resend_epoch, current.fence_epoch
 
-    def reconcile_one(self, it: Intent) -> str:
-        """One lookup (or none) for one intent; returns the outcome name it recorded."""
-        plan = it.plan
+    def _look(self, it: Intent) -> tuple[str, dict[str, Any], str]:
+        """The lookup (or none) for one intent, writing nothing: ``(event, keywords, outcome)``, the
+        reconciler's move that records what it found (:meth:`MaintenanceStore.reconcile_many`'s triple without
+        the plan) and the outcome name it reports. A fenced not-found is ``reconcile_absent``; when its write
+        is refused by ``absence_provable``, the caller records ``reconcile_unproven`` instead."""
         caps = self.transport.capabilities
+        park = EVENT.park_unreconcilable
         if self._drifted(it):
-            self.store.park_unreconcilable(plan, reason=OUTCOME.reconcile_descriptor_drift)
-            return OUTCOME.reconcile_descriptor_drift
+            return park, {"reason": OUTCOME.reconcile_descriptor_drift}, OUTCOME.reconcile_descriptor_drift
         if it.reconcile_count >= it.max_reconciles:
-            self.store.park_unreconcilable(plan, reason=OUTCOME.reconcile_budget_spent)
-            return OUTCOME.reconcile_budget_spent
+            return park, {"reason": OUTCOME.reconcile_budget_spent}, OUTCOME.reconcile_budget_spent
         wire = wire_request(it)
         object_id = it.remote_id if it.remote_id is not None else wire.object_id  # a retraction acts on a known object
         if (
@@ -574,56 +575,71 @@ class Reconciler:
         if object_id is not None and caps.read_back:
             rb = self.transport.read_back(object_id)
             if read_back_confirms(self.transport, wire, rb):
-                self.store.reconcile_found(plan, remote_id=object_id)
-                return OUTCOME.lookup_found
-            self.store.reconcile_not_found(plan)
-            return (
-                OUTCOME.lookup_differs
-                if isinstance(rb, Found) and wire.action != "delete"
-                else OUTCOME.lookup_not_found
-            )
+                return EVENT.reconcile_found, {"remote_id": object_id}, OUTCOME.lookup_found
+            differs = isinstance(rb, Found) and wire.action != "delete"
+            return EVENT.reconcile_not_found, {}, OUTCOME.lookup_differs if differs else OUTCOME.lookup_not_found
         if wire.action != "create":  # a key lookup says nothing about a deletion or a correction
-            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
-            return OUTCOME.lookup_unsupported
+            return park, {"reason": OUTCOME.lookup_unsupported}, OUTCOME.lookup_unsupported
         if not caps.lookup_by_key:
-            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
-            return OUTCOME.lookup_unsupported
+            return park, {"reason": OUTCOME.lookup_unsupported}, OUTCOME.lookup_unsupported
         resend_epoch, fence_epoch = self._sent_under(it)
         res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
         if isinstance(res, Found):
             if res.body is not None and not self.transport.matches(wire, res):
                 # an object under this key that does not hold what was approved: not a confirmation
-                self.store.reconcile_not_found(plan)
-                return OUTCOME.lookup_differs
-            self.store.reconcile_found(plan, remote_id=res.remote_id)
-            return OUTCOME.lookup_found
+                return EVENT.reconcile_not_found, {}, OUTCOME.lookup_differs
+            return EVENT.reconcile_found, {"remote_id": res.remote_id}, OUTCOME.lookup_found
         if isinstance(res, Unsupported):
-            self.store.park_unreconcilable(plan, reason=OUTCOME.lookup_unsupported)
-            return OUTCOME.lookup_unsupported
+            return park, {"reason": OUTCOME.lookup_unsupported}, OUTCOME.lookup_unsupported
         assert isinstance(res, NotFound), res
         if caps.fenced_lookup:
-            try:
-                self.store.reconcile_absent(plan, fenced=True)
-                return OUTCOME.lookup_not_found_fenced
-            except GuardRefused as exc:
-                if exc.guard != GUARD.absence_provable:
-                    raise
-            # the attempt was begun before a restore: its key may have been rewound, so this
-            # not-found proves nothing (it counts against the budget; exhaustion parks for a human),
-            # and the key it looked up is now tombstoned, so the fence epoch moves on
-            self.store.reconcile_unproven(plan)
-            return OUTCOME.lookup_not_found_before_restore
-        self.store.reconcile_not_found(plan)
-        return OUTCOME.lookup_not_found
+            return EVENT.reconcile_absent, {"fenced": True}, OUTCOME.lookup_not_found_fenced
+        return EVENT.reconcile_not_found, {}, OUTCOME.lookup_not_found
+
+    def _record(self, looks: list[tuple[Intent, str, dict[str, Any], str]]) -> list[str | Rejected]:
+        """Record a batch of lookups, one conditional write per event (``reconcile_many``); returns each one's
+        outcome name, or the refusal that stopped it. A fenced not-found whose ``reconcile_absent`` is refused
+        by ``absence_provable`` is recorded as ``reconcile_unproven`` in a second batch: the attempt was begun
+        before a restore, its key may have been rewound, so the not-found proves nothing (it counts against
+        the budget; exhaustion parks for a human), and the key it looked up is now tombstoned, so the fence
+        epoch moves on."""
+        got = self.store.reconcile_many([(event, it.plan, kw) for it, event, kw, _ in looks]) if looks else []
+        out: list[str | Rejected] = []
+        unproven: list[int] = []
+        for i, ((_, _, _, name), res) in enumerate(zip(looks, got, strict=True)):
+            if (
+                isinstance(res, GuardRefused)
+                and res.event == EVENT.reconcile_absent
+                and res.guard == GUARD.absence_provable
+            ):
+                unproven.append(i)
+            out.append(res if isinstance(res, Rejected) else name)
+        if unproven:
+            again = self.store.reconcile_many([(EVENT.reconcile_unproven, looks[i][0].plan, {}) for i in unproven])
+            for i, res in zip(unproven, again, strict=True):
+                out[i] = res if isinstance(res, Rejected) else OUTCOME.lookup_not_found_before_restore
+        return out
+
+    def reconcile_one(self, it: Intent) -> str:
+        """One lookup (or none) for one intent; returns the outcome name it recorded. Raises the
+        :class:`Rejected` that refused the record (the intent moved on since ``it`` was read)."""
+        event, kw, name = self._look(it)
+        [res] = self._record([(it, event, kw, name)])
+        if isinstance(res, Rejected):
+            raise res
+        return res
 
     def run(self, limit: int | None = None) -> dict[str, int]:
         """Reconcile up to ``limit`` indeterminate intents (default ``config.reconcile_batch``; 0 looks nothing
-        up); returns counts per outcome name. Raises ``IntakeError`` for a negative limit."""
+        up); returns counts per outcome name. The lookups are made one by one; what they found is recorded
+        for the whole batch at once, one conditional write per event (docs/design.md#the-reconciler-records-a-batch-per-statement).
+        Raises ``IntakeError`` for a negative limit."""
         limit = self.config.reconcile_batch if limit is None else check_limit(limit)
         out: dict[str, int] = {}
         if limit == 0:
             return out
         now = self.store.now()
+        looks: list[tuple[Intent, str, dict[str, Any], str]] = []
         for state in (STATE.indeterminate,):
             for it in self.store.list_intents(state=state, limit=limit):
                 wait = self.config.reconcile_interval if it.reconcile_count else self.config.first_look_after
@@ -632,15 +648,18 @@ class Reconciler:
                     continue
                 try:
                     with observe.span("lookup", key=it.key, transport=self.transport.name) as sp:
-                        name = self.reconcile_one(it)
+                        event, kw, name = self._look(it)
                         observe.set_outcome(sp, name)
-                except Rejected:
-                    name = "skipped"
                 except AtMostOnceError:  # the lookup itself failed: no evidence, nothing written
-                    name = OUTCOME.lookup_error
-                if name != "skipped":
-                    observe.record_lookup(name)
-                out[name] = out.get(name, 0) + 1
+                    observe.record_lookup(OUTCOME.lookup_error)
+                    out[OUTCOME.lookup_error] = out.get(OUTCOME.lookup_error, 0) + 1
+                    continue
+                looks.append((it, event, kw, name))
+        for res in self._record(looks):
+            name = "skipped" if isinstance(res, Rejected) else res
+            if name != "skipped":
+                observe.record_lookup(name)
+            out[name] = out.get(name, 0) + 1
         return out
 
 

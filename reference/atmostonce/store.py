@@ -226,11 +226,23 @@ class Operations(ClaimOperations):
         observe.log_move(event, it, args, self.table)  # one record per move: key, event, outcome, attempt, generation
         return it
 
+    def _one_by_one(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        out: list[Intent | Rejected] = []
+        for key, args in items:
+            try:
+                out.append(self.core._apply(event, key, args))
+            except Rejected as exc:
+                out.append(exc)
+        return out
+
     def _batch(self, moves: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
         """:meth:`_move` for many intents: ``moves`` are ``(event, key, args)``; each event's moves go to the core's
         ``_apply_batch``, one batch per event, as many as a key occurs (its n-th move in the n-th batch, after its
-        earlier ones). Each move is logged, and each fencing refusal recorded, as :meth:`_move` does; returns the
-        moved intent or the refusal of each move, in order."""
+        earlier ones). A core without ``_apply_batch`` (it is optional: a first store's core need not batch) gets
+        each move through ``_apply``, one transaction each, with the same results. Each move is logged, and each
+        fencing refusal recorded, as :meth:`_move` does; returns the moved intent or the refusal of each move, in
+        order."""
+        apply_batch = getattr(self.core, "_apply_batch", None) or self._one_by_one
         rounds: dict[tuple[int, str], list[int]] = {}
         seen: dict[str, int] = {}
         for i, (event, key, _) in enumerate(moves):
@@ -238,7 +250,7 @@ class Operations(ClaimOperations):
             rounds.setdefault((n, event), []).append(i)
         results: dict[int, Intent | Rejected] = {}
         for (_, event), idx in sorted(rounds.items(), key=lambda r: r[0][0]):
-            got = self.core._apply_batch(event, [(moves[i][1], moves[i][2]) for i in idx])
+            got = apply_batch(event, [(moves[i][1], moves[i][2]) for i in idx])
             results.update(zip(idx, got, strict=True))
         out = [results[i] for i in range(len(moves))]
         for (event, _, args), res in zip(moves, out, strict=True):
@@ -671,28 +683,73 @@ class Operations(ClaimOperations):
         return self._batch(batch)
 
     # -- reconciler -----------------------------------------------------------------------
+    def _reconciler_args(self, event: str, plan: Plan, kw: Mapping[str, Any]) -> dict[str, Any]:
+        """What the reconciler's move ``event`` presents for ``plan`` and its keywords (``remote_id`` for
+        ``reconcile_found``, ``fenced`` for ``reconcile_absent``, ``reason`` for ``park_unreconcilable``)."""
+        args = _plan_args(plan)
+        if event == EVENT.reconcile_found:
+            return args | {"remote_id": _need_text("remote_id", kw.get("remote_id")), "result": "confirmed"}
+        if event == EVENT.reconcile_absent:
+            return args | {"fenced": bool(kw.get("fenced")), "result": "failed"}
+        if event == EVENT.park_unreconcilable:
+            return args | {"reason": _need_text("reason", kw.get("reason")), "result": "unknown"}
+        return args | {"result": "unknown"}  # reconcile_not_found, reconcile_unproven: the send stays unknown
+
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:
-        args = _plan_args(plan) | {"remote_id": _need_text("remote_id", remote_id), "result": "confirmed"}
+        args = self._reconciler_args(
+            EVENT.reconcile_found, plan, {"remote_id": remote_id}
+        )  # the plan checked before its key is read
         return self._move(EVENT.reconcile_found, plan.key, args)
 
     def reconcile_not_found(self, plan: Plan) -> Intent:
-        args = _plan_args(plan) | {"result": "unknown"}
+        args = self._reconciler_args(EVENT.reconcile_not_found, plan, {})  # the plan checked before its key is read
         return self._move(EVENT.reconcile_not_found, plan.key, args)
 
     def reconcile_unproven(self, plan: Plan) -> Intent:
         """A fenced lookup found nothing, but absence is not provable (an attempt begun before a
         restore): stays ``indeterminate``, counts a look, and moves the fence epoch on, because the
         platform now refuses the looked-up key (docs/design.md#a-fence-is-a-tombstone)."""
-        args = _plan_args(plan) | {"result": "unknown"}
+        args = self._reconciler_args(EVENT.reconcile_unproven, plan, {})  # the plan checked before its key is read
         return self._move(EVENT.reconcile_unproven, plan.key, args)
 
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
-        args = _plan_args(plan) | {"fenced": fenced, "result": "failed"}
+        args = self._reconciler_args(
+            EVENT.reconcile_absent, plan, {"fenced": fenced}
+        )  # the plan checked before its key is read
         return self._move(EVENT.reconcile_absent, plan.key, args)
 
     def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent:
-        args = _plan_args(plan) | {"reason": _need_text("reason", reason), "result": "unknown"}
+        args = self._reconciler_args(
+            EVENT.park_unreconcilable, plan, {"reason": reason}
+        )  # the plan checked before its key is read
         return self._move(EVENT.park_unreconcilable, plan.key, args)
+
+    def reconcile_many(self, moves: Iterable[tuple[str, Plan, Mapping[str, Any]]]) -> list[Intent | Rejected]:
+        """The reconciler's moves for a batch of lookups, one conditional write per event for the whole batch
+        (docs/design.md#the-reconciler-records-a-batch-per-statement). ``moves``: ``(event, plan, keywords)``
+        triples, the event one of the table's ``reconciler`` moves, ``plan`` the ``Intent.plan`` the lookup
+        was made for and ``keywords`` what that move's method takes (``{"remote_id": ...}`` for
+        ``reconcile_found``, ``{"fenced": True}`` for ``reconcile_absent``, ``{"reason": ...}`` for
+        ``park_unreconcilable``, ``{}`` otherwise). Each is checked and written as its single method does it
+        (``plan_unchanged`` and the event's other guards, history row, reconciliation record).
+
+        Returns one result per triple, in order: the moved :class:`Intent`, or the :class:`Rejected` naming
+        what refused that one (a fencing refusal is recorded); a refusal leaves the rest of the batch as it
+        would be without it. Raises ``IntakeError`` (writing nothing) for an event the reconciler does not
+        make or bad keywords."""
+        reconciler = {e.name for e in self.table.events.values() if e.actor == self.table.names.actor.reconciler}
+        batch: list[tuple[str, str, Mapping[str, Any]]] = []
+        for move in moves:
+            if not (isinstance(move, tuple) and len(move) == 3 and isinstance(move[2], Mapping)):
+                raise IntakeError(
+                    f"expected (event, plan, keywords) triples, got {move!r}", field="moves", code=IntakeCode.WRONG_TYPE
+                )
+            event, plan, kw = move
+            if event not in reconciler:
+                raise IntakeError(f"{event!r} is not a reconciler move; one of {sorted(reconciler)}", field="moves")
+            args = self._reconciler_args(event, plan, kw)
+            batch.append((event, check_text("key", plan.key, max_chars=256), args))
+        return self._batch(batch)
 
     # -- retry policy ---------------------------------------------------------------------
     def retry(self, key: str, *, operator: str | None = None) -> Intent:

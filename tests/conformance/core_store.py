@@ -64,6 +64,8 @@ class OwnIdentities:
     def _in(self, v: Any) -> Any:
         import dataclasses
 
+        if isinstance(v, (list, tuple)):  # a batch: (event, intent) pairs, (event, plan, keywords) triples
+            return type(v)(self._in(x) for x in v)
         if isinstance(v, str) and v.startswith(self.DIGEST):
             return v.removeprefix(self.DIGEST)
         if isinstance(v, str) and v.startswith(self.KEY):

@@ -17,6 +17,7 @@ from atmostonce.transport import Found, NotFound, NotSent, Sent, Transport, Unkn
 from atmostonce_email import EmailTransport, message_id_for
 from atmostonce_email.classify import (
     EmailOutcomeTableError,
+    OutcomeTableCode,
     email_outcome_table,
     load_email_outcomes,
     parse_email_outcomes,
@@ -233,26 +234,73 @@ def test_the_shipped_table_classifies_smtp_phases_with_the_tables_send_outcomes(
     assert {c.outcome for c in t.errors.values()} <= set(T.outcomes)
 
 
+Code = OutcomeTableCode
+
+
+def _reply(**row):
+    return {"replies": [{"phase": "final", "range": [500, 599], "outcome": "send.not_sent"} | row]}
+
+
 @pytest.mark.parametrize(
-    "change, message",
+    "change, code, where",
     [
-        ({"default": "send.not_sent"}, "default must be the unknown"),
-        ({"default": "sent"}, "not a send outcome"),
-        ({"errors": {"other": {"outcome": "send.unknown"}}}, "[errors] rows must be exactly"),
-        ({"replies": [{"phase": "envelope", "range": [250, 250], "outcome": "send.success"}]}, "only a 2xx final"),
-        ({"replies": [{"phase": "final", "range": [200, 299], "outcome": "send.not_sent"}]}, "only a 4xx/5xx"),
-        ({"replies": [{"phase": "data", "range": [400, 499], "outcome": "send.not_sent"}]}, "phase must be"),
+        ({"default": "send.not_sent"}, Code.DEFAULT_NOT_UNKNOWN, "default"),
+        ({"default": "sent"}, Code.UNKNOWN_OUTCOME, "default"),
+        ({"format": 2}, Code.FORMAT, "format"),
+        ({"retries": 1}, Code.UNKNOWN_FIELD, "retries"),
+        ({"errors": {"other": {"outcome": "send.unknown"}}}, Code.MISSING, "errors.connect_error"),
+        ({"errors": None}, Code.MISSING, "errors"),
+        ({"replies": []}, Code.MISSING, "replies"),
+        (_reply(phase="envelope", range=[250, 250], outcome="send.success"), Code.SUCCESS_UNPROVEN, "replies[0]"),
+        (_reply(range=[200, 299]), Code.NOT_SENT_UNPROVEN, "replies[0]"),
+        (_reply(phase="data"), Code.INVALID_VALUE, "replies[0].phase"),
+        (_reply(range=[599, 500]), Code.INVALID_VALUE, "replies[0].range"),
+        (_reply(outcome="bounced"), Code.UNKNOWN_OUTCOME, "replies[0].outcome"),
+        (_reply(retry=True), Code.UNKNOWN_FIELD, "replies[0].retry"),
+        ({"replies": ["final 5xx"]}, Code.WRONG_TYPE, "replies[0]"),
     ],
 )
-def test_a_classification_table_that_could_claim_not_sent_wrongly_is_refused(change, message):
+def test_a_classification_table_that_could_claim_not_sent_wrongly_is_refused(change, code, where):
     import tomllib
 
     from atmostonce_email.classify import email_outcomes_path
 
     raw = tomllib.loads(email_outcomes_path().read_text("utf-8")) | change
-    with pytest.raises(EmailOutcomeTableError, match=message.replace("[", r"\[")):
+    with pytest.raises(EmailOutcomeTableError) as e:
         parse_email_outcomes(raw)
+    assert (e.value.code, e.value.where) == (code, where)
     assert load_email_outcomes() == email_outcome_table()
+
+
+@pytest.mark.parametrize(
+    "mutate, code, where",
+    [
+        (lambda e: e.update(made_up={"outcome": "send.unknown"}), Code.UNKNOWN_FIELD, "errors.made_up"),
+        (lambda e: e.update(other="send.unknown"), Code.WRONG_TYPE, "errors.other"),
+        (lambda e: e["other"].update(outcome="send.success"), Code.SUCCESS_UNPROVEN, "errors.other.outcome"),
+        (lambda e: e["other"].update(outcome="lost"), Code.UNKNOWN_OUTCOME, "errors.other.outcome"),
+    ],
+)
+def test_an_errors_row_the_transport_does_not_report_or_that_claims_success_is_refused(tmp_path, mutate, code, where):
+    import tomllib
+
+    from atmostonce_email.classify import email_outcomes_path
+
+    raw = tomllib.loads(email_outcomes_path().read_text("utf-8"))
+    mutate(raw["errors"])
+    with pytest.raises(EmailOutcomeTableError) as e:
+        parse_email_outcomes(raw)
+    assert (e.value.code, e.value.where) == (code, where)
+
+
+def test_a_bad_email_table_file_is_named_in_its_error(tmp_path):
+    from atmostonce_email.classify import email_outcomes_path
+
+    bad = tmp_path / "email_outcomes.toml"
+    bad.write_text(email_outcomes_path().read_text("utf-8").replace("format = 1", "format = 2", 1), "utf-8")
+    with pytest.raises(EmailOutcomeTableError) as e:
+        load_email_outcomes(bad)
+    assert e.value.as_dict() == {"code": Code.FORMAT, "where": "format", "path": str(bad)}
 
 
 def test_a_key_that_cannot_be_a_message_id_is_not_sent_before_any_connection(relay, relayed):

@@ -13,6 +13,7 @@ from atmostonce.table import spec_dir
 from atmostonce_http.classify import (
     ERROR_KINDS,
     OUTCOMES,
+    OutcomeTableCode,
     OutcomeTableError,
     error_kind,
     load_outcome_table,
@@ -118,35 +119,71 @@ def test_error_kind_mapping(exc, kind):
     assert error_kind(exc) == kind
 
 
+Code = OutcomeTableCode
+
+
 @pytest.mark.parametrize(
-    ("mutate", "message"),
+    ("mutate", "code", "where"),
     [
-        (lambda t: t["errors"].pop("read_timeout"), "missing"),
-        (lambda t: t["errors"].__setitem__("made_up", {"outcome": "unknown"}), "extra"),
-        (lambda t: t["errors"]["read_timeout"].__setitem__("outcome", "maybe"), "not one of"),
-        (lambda t: t["errors"]["dns_failure"].__setitem__("outcome", "success"), "never be success"),
-        (lambda t: t.__setitem__("default", "not_sent"), "default must be 'unknown'"),
-        (lambda t: t.__setitem__("format", 2), "format"),
-        (lambda t: t["statuses"][3].pop("without_id"), "without_id"),
-        (lambda t: t["statuses"][3].__setitem__("without_id", "success"), "never be success"),
-        (lambda t: t["statuses"][2].__setitem__("range", [499, 400]), "range"),
-        (lambda t: t["statuses"][1].__setitem__("range", [400, 499]), "exactly one"),
-        (lambda t: t["statuses"][1].__setitem__("codes", []), "codes"),
-        (lambda t: t["statuses"][0].__setitem__("typo", 1), "unknown fields"),
-        (lambda t: t.pop("statuses"), "statuses"),
+        (lambda t: t["errors"].pop("read_timeout"), Code.MISSING, "errors.read_timeout"),
+        (lambda t: t["errors"].__setitem__("made_up", {"outcome": "unknown"}), Code.UNKNOWN_FIELD, "errors.made_up"),
+        (lambda t: t.pop("errors"), Code.MISSING, "errors"),
+        (lambda t: t["errors"].__setitem__("other", "unknown"), Code.WRONG_TYPE, "errors.other"),
+        (
+            lambda t: t["errors"]["read_timeout"].__setitem__("outcome", "maybe"),
+            Code.UNKNOWN_OUTCOME,
+            "errors.read_timeout.outcome",
+        ),
+        (
+            lambda t: t["errors"]["dns_failure"].__setitem__("outcome", "success"),
+            Code.SUCCESS_UNPROVEN,
+            "errors.dns_failure.outcome",
+        ),
+        (lambda t: t.__setitem__("default", "not_sent"), Code.DEFAULT_NOT_UNKNOWN, "default"),
+        (lambda t: t.__setitem__("default", "maybe"), Code.UNKNOWN_OUTCOME, "default"),
+        (lambda t: t.__setitem__("format", 2), Code.FORMAT, "format"),
+        (lambda t: t["statuses"][3].pop("without_id"), Code.MISSING, "statuses[3].without_id"),
+        (
+            lambda t: t["statuses"][3].__setitem__("without_id", "success"),
+            Code.SUCCESS_UNPROVEN,
+            "statuses[3].without_id",
+        ),
+        (lambda t: t["statuses"][3].__setitem__("without_id", "gone"), Code.UNKNOWN_OUTCOME, "statuses[3].without_id"),
+        (lambda t: t["statuses"][2].__setitem__("outcome", "gone"), Code.UNKNOWN_OUTCOME, "statuses[2].outcome"),
+        (lambda t: t["statuses"][2].__setitem__("range", [499, 400]), Code.INVALID_VALUE, "statuses[2].range"),
+        (lambda t: t["statuses"][1].__setitem__("range", [400, 499]), Code.SELECTOR, "statuses[1]"),
+        (lambda t: t["statuses"][1].__setitem__("codes", []), Code.INVALID_VALUE, "statuses[1].codes"),
+        (lambda t: t["statuses"][0].__setitem__("may_exist", False), Code.INVALID_VALUE, "statuses[0].may_exist"),
+        (lambda t: t["statuses"][0].__setitem__("typo", 1), Code.UNKNOWN_FIELD, "statuses[0].typo"),
+        (lambda t: t.pop("statuses"), Code.MISSING, "statuses"),
     ],
 )
-def test_loader_refuses_bad_tables(mutate, message):
+def test_loader_refuses_bad_tables(mutate, code, where):
     raw = raw_table()
     mutate(raw)
-    with pytest.raises(OutcomeTableError, match=message):
+    with pytest.raises(OutcomeTableError) as e:
         parse_outcome_table(raw)
+    assert e.value.as_dict() == {"code": code, "where": where, "path": None}
+
+
+def test_a_bad_row_in_a_file_names_the_file_and_the_field(tmp_path):
+    bad = tmp_path / "http_outcomes.toml"
+    bad.write_text(outcomes_path().read_text("utf-8").replace('outcome = "not_sent"', 'outcome = "maybe"', 1))
+    with pytest.raises(OutcomeTableError) as e:
+        load_outcome_table(bad)
+    assert e.value.as_dict() == {
+        "code": Code.UNKNOWN_OUTCOME,
+        "where": "errors.invalid_request.outcome",
+        "path": str(bad),
+    }
 
 
 def test_loader_refuses_missing_and_malformed_files(tmp_path):
-    with pytest.raises(OutcomeTableError, match="not found"):
+    with pytest.raises(OutcomeTableError) as e:
         load_outcome_table(tmp_path / "absent.toml")
+    assert e.value.as_dict() == {"code": Code.NOT_FOUND, "where": None, "path": str(tmp_path / "absent.toml")}
     bad = tmp_path / "bad.toml"
     bad.write_text("this is = = not toml", "utf-8")
-    with pytest.raises(OutcomeTableError, match="not valid TOML"):
+    with pytest.raises(OutcomeTableError) as e:
         load_outcome_table(bad)
+    assert e.value.as_dict() == {"code": Code.NOT_TOML, "where": None, "path": str(bad)}

@@ -12,9 +12,15 @@ import tomllib
 import pytest
 
 from atmostonce.transport import Capabilities
-from atmostonce_http.classify import ERROR_KINDS, OutcomeTableError, outcome_table
+from atmostonce_http.classify import ERROR_KINDS, OutcomeTableCode, OutcomeTableError, outcome_table
 from atmostonce_matrix import DEFAULT_RESEND_WINDOW, MatrixConfig
-from atmostonce_matrix.classify import LOCAL_KINDS, matrix_outcome_table, matrix_outcomes_path, parse_matrix_outcomes
+from atmostonce_matrix.classify import (
+    LOCAL_KINDS,
+    load_matrix_outcomes,
+    matrix_outcome_table,
+    matrix_outcomes_path,
+    parse_matrix_outcomes,
+)
 from atmostonce_matrix.synapse import SynapseError, SynapseServer
 
 RAW = tomllib.loads(matrix_outcomes_path().read_text("utf-8"))
@@ -63,24 +69,52 @@ def _broken(mutate) -> dict:
     return raw
 
 
+Code = OutcomeTableCode
+
+
 @pytest.mark.parametrize(
-    "mutate, message",
+    "mutate, code, where",
     [
-        (lambda r: r["errcodes"][0].update(statuses=[429, 503]), "only match 4xx"),
-        (lambda r: r["errcodes"][0].update(outcome="success"), "not_sent or unknown"),
-        (lambda r: r["errcodes"][0].update(statuses=[200]), "1xx or 2xx"),
-        (lambda r: r["errcodes"][0].update(errcode="LIMIT"), "Matrix error code"),
-        (lambda r: r["local"].pop("outside_resend_window"), r"\[local\] rows"),
-        (lambda r: r["local"]["outside_resend_window"].update(outcome="unknown"), "before any byte"),
-        (lambda r: r["statuses"].insert(0, {"may_exist": True, "outcome": "unknown"}), "may_exist"),
-        (lambda r: r.update(extra=1), "unknown top-level"),
-        (lambda r: r["errors"].pop("read_timeout"), "ERROR_KINDS"),
-        (lambda r: r.update(default="not_sent"), "default must be 'unknown'"),
+        (lambda r: r["errcodes"][0].update(statuses=[429, 503]), Code.NOT_SENT_UNPROVEN, "errcodes[0]"),
+        (lambda r: r["errcodes"][0].update(outcome="success"), Code.SUCCESS_UNPROVEN, "errcodes[0].outcome"),
+        (lambda r: r["errcodes"][0].update(outcome="maybe"), Code.UNKNOWN_OUTCOME, "errcodes[0].outcome"),
+        (lambda r: r["errcodes"][0].update(statuses=[200]), Code.INVALID_VALUE, "errcodes[0].statuses"),
+        (lambda r: r["errcodes"][0].update(statuses=[]), Code.INVALID_VALUE, "errcodes[0].statuses"),
+        (lambda r: r["errcodes"][0].update(errcode="LIMIT"), Code.INVALID_VALUE, "errcodes[0].errcode"),
+        (lambda r: r["errcodes"][1].update(retry=True), Code.UNKNOWN_FIELD, "errcodes[1].retry"),
+        (lambda r: r["errcodes"].__setitem__(1, "M_FORBIDDEN"), Code.WRONG_TYPE, "errcodes[1]"),
+        (lambda r: r.update(errcodes={}), Code.WRONG_TYPE, "errcodes"),
+        (lambda r: r.pop("local"), Code.MISSING, "local"),
+        (lambda r: r["local"].pop("outside_resend_window"), Code.MISSING, "local.outside_resend_window"),
+        (lambda r: r["local"].update(rate_limited={"outcome": "not_sent"}), Code.UNKNOWN_FIELD, "local.rate_limited"),
+        (
+            lambda r: r["local"]["outside_resend_window"].update(outcome="unknown"),
+            Code.NOT_SENT_REQUIRED,
+            "local.outside_resend_window.outcome",
+        ),
+        (lambda r: r["local"].update(not_logged_in="not_sent"), Code.WRONG_TYPE, "local.not_logged_in"),
+        (
+            lambda r: r["statuses"].insert(1, {"may_exist": True, "outcome": "unknown"}),
+            Code.UNKNOWN_FIELD,
+            "statuses[1].may_exist",
+        ),
+        (lambda r: r.update(extra=1), Code.UNKNOWN_FIELD, "extra"),
+        (lambda r: r["errors"].pop("read_timeout"), Code.MISSING, "errors.read_timeout"),
+        (lambda r: r.update(default="not_sent"), Code.DEFAULT_NOT_UNKNOWN, "default"),
     ],
 )
-def test_inconsistent_tables_are_refused(mutate, message):
-    with pytest.raises(OutcomeTableError, match=message):
+def test_inconsistent_tables_are_refused(mutate, code, where):
+    with pytest.raises(OutcomeTableError) as e:
         parse_matrix_outcomes(_broken(mutate))
+    assert (e.value.code, e.value.where) == (code, where)
+
+
+def test_a_bad_matrix_table_file_is_named_in_its_error(tmp_path):
+    bad = tmp_path / "matrix_outcomes.toml"
+    bad.write_text(matrix_outcomes_path().read_text("utf-8").replace('errcode = "M_', 'errcode = "X_', 1), "utf-8")
+    with pytest.raises(OutcomeTableError) as e:
+        load_matrix_outcomes(bad)
+    assert e.value.as_dict() == {"code": Code.INVALID_VALUE, "where": "errcodes[0].errcode", "path": str(bad)}
 
 
 def test_capabilities_are_declared_honestly():

@@ -490,6 +490,40 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             if how == "unfenced_absent" or stale_plan:
                 assert m[0] != "ok", f"reconciler moved on no evidence ({how}, stale plan {stale_plan})"
 
+        @rule(data=st.data())
+        def reconciler_batch(self, data):
+            """The reconciler's batch form (``reconcile_many``): a lookup result for every indeterminate intent,
+            perhaps one under a stale plan, in one call; each result is what the one-at-a-time move gives, on
+            both (docs/design.md#the-reconciler-records-a-batch-per-statement)."""
+            keys = sorted(k for k in self.keys if self.model.get(k).state == STATE.indeterminate)
+            if not keys:
+                return
+            kinds_of = [
+                (EVENT.reconcile_found, {"remote_id": "r-found"}),
+                (EVENT.reconcile_not_found, {}),
+                (EVENT.reconcile_absent, {"fenced": True}),
+                (EVENT.park_unreconcilable, {"reason": "lookup.unsupported"}),
+            ]
+            looks = [data.draw(st.sampled_from(kinds_of)) for _ in keys]
+            looked = [k for k in keys if self.model.get(k).reconcile_count > 0]  # a plan one look older exists
+            stale = data.draw(st.sampled_from([None, *looked]))
+            moves: list[tuple[str, Any, Any, Any]] = []
+            for key, (event, kw) in zip(keys, looks, strict=True):
+                pm = self.model.get(key).plan
+                ps = None if self.store is None else self.store.get(self.k(key, 1)).plan
+                if key == stale:  # planned before another reconciler wrote: refused by plan_unchanged
+                    pm, ps = (p if p is None else replace(p, reconcile_count=p.reconcile_count - 1) for p in (pm, ps))
+                moves.append((event, pm, ps, kw))
+
+            def kinds(results: list[Any]) -> list[tuple[str, Any]]:
+                return [(type(r).__name__, r.guard) if isinstance(r, Rejected) else ("ok", r.state) for r in results]
+
+            (_, got_m), s = self.both(lambda st_, i: kinds(st_.reconcile_many([(e, p[i], kw) for e, *p, kw in moves])))
+            if s is not None:
+                assert got_m == s[1], f"batch results: model {got_m} vs store {s[1]}"
+            if stale is not None:
+                assert got_m[keys.index(stale)][0] != "ok", f"a stale plan was recorded: {got_m}"
+
         # -- sources: captures, supersession, freshness ---------------------------------
         @rule(body=st.sampled_from(["v-one", "v-one ", "v-two", "v-three"]))
         def capture_source(self, body):
