@@ -422,9 +422,7 @@ class SqlStore(SqlClaims, Operations):
         self._commit_mode(conn, [ev.name])
         params = [self._params(ev, key, args, conn) for key, args in items]
         # in key order: two batches over the same rows then lock them in one order (docs/design.md#the-sweeper-moves-a-batch-per-statement)
-        batch = sorted(
-            ({"key": key, **{n: args.get(n) for n in columns}} for key, args in items), key=lambda r: r["key"]
-        )
+        batch = [{"key": key, **{n: args.get(n) for n in columns}} for key, args in sorted(items, key=lambda i: i[0])]
         constant = {k: v for k, v in params[0].items() if k[2:] not in columns and k != "p_key"}
         rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
         moved = {r["key"]: r for r in rows}
