@@ -10,7 +10,7 @@ import pytest
 
 from atmostonce import IntakeError, Rejected
 from atmostonce.names import OUTCOME, STATE
-from atmostonce.runtime import Dispatcher, RuntimeConfig
+from atmostonce.runtime import Dispatcher, RuntimeConfig, Sweeper
 from tests.test_fused_dispatch import Platform
 
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
@@ -139,3 +139,23 @@ def test_the_preflight_of_an_unknown_intent_is_refused(any_store):
     with pytest.raises(Rejected) as e:
         s.check_approvals("0" * 64, request_digest="0" * 64)
     assert e.value.guard == "intent_exists"
+
+
+def test_an_approval_withdrawn_after_the_reservation_and_before_the_bytes_is_refused_by_the_authorization(any_store):
+    s = any_store.store
+    it = gated(s)
+    apv = s.approve(it.key, approver="alice", expires_in=600)
+    platform = Platform()
+
+    def work(intent):  # the caller's expensive step, after begin: the approver changes their mind
+        s.withdraw_approval(apv.approval_id, operator="alice")
+
+    outcome = Dispatcher(s, platform, CONFIG, work=work).dispatch(it.key)
+    assert outcome in (OUTCOME.claim_refused, OUTCOME.gate_awaiting_approval), outcome
+    assert platform.sends == 0
+    assert s.get(it.key).state == STATE.pending  # never authorized; its begun attempt is the sweeper's to settle
+    assert s.claim(TARGET).state == "free"
+    assert s.approval(apv.approval_id).state == "withdrawn"
+    any_store.advance(60)
+    assert Sweeper(s, CONFIG).sweep_leases()["abandoned"] == 1
+    assert s.get(it.key).attempt_token is None and platform.sends == 0
