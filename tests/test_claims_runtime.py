@@ -50,9 +50,7 @@ def test_of_two_approved_drafts_the_second_loses_and_sends_nothing(any_store, pl
     s.approve(b.key, approver="bob", expires_in=600)
     d = Dispatcher(s, transport, CONFIG)
     assert d.dispatch(a.key) == "read_back.match"
-    # drafted against the version a's publication replaced: the pre-flight (target_version_current) passes
-    # no approval of b, so b awaits a new one and nothing is reserved
-    assert d.dispatch(b.key) == "gate.awaiting_approval"
+    assert d.dispatch(b.key) == "claim.refused"  # drafted against the version a's publication replaced
     assert s.get(b.key).state == "pending" and s.attempts(b.key) == [] and sent(sink) == 1
 
 

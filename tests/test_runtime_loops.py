@@ -15,6 +15,7 @@ import pytest
 
 from atmostonce import GuardRefused, IllegalMove, MemoryStore
 from atmostonce.identity import request_digest
+from atmostonce.names import CLAIM_GUARD
 from atmostonce.runtime import (
     RECONCILER_NAME,
     RECONCILER_VERSION,
@@ -469,7 +470,9 @@ def test_an_approval_the_stores_preflight_refuses_is_never_reserved_under(guard)
     a = approval("a1", digest, state=base.approval_table.initial, expires_at=base.now() + 60)
     spy = Spy(base, check_approvals=lambda key, **kw: [(a, guard)])
     assert dispatch_with(spy).dispatch(it.key) == "gate.awaiting_approval"
-    assert spy.kw("check_approvals") == [{"request_digest": digest}]
+    # the table's preflight guards, then the target's version (an approval at the current one is preferred)
+    preflight = [*base.claim_table.preflight_guards, CLAIM_GUARD.target_version_current]
+    assert spy.kw("check_approvals") == [{"request_digest": digest, "guards": preflight}]
     assert spy.kw("reserve_claim") == [] and spy.kw("begin") == []
 
 

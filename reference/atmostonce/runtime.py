@@ -330,7 +330,13 @@ class Dispatcher:
             digest = request_digest(wire_request(before).body)
             # the claim table's preflight guards, evaluated by the store against each approval without
             # writing (the same predicates and SQL fragments the reservation then checks again)
-            usable = [a for a, refused in self.store.check_approvals(key, request_digest=digest) if refused is None]
+            # (and target_version_current after them: an approval at the target's current version is
+            # preferred, since one drafted against a version since moved past is refused by the reservation)
+            current = CLAIM_GUARD.target_version_current
+            guards = [*self.store.claim_table.preflight_guards, current]
+            verdicts = self.store.check_approvals(key, request_digest=digest, guards=guards)
+            usable = [a for a, refused in verdicts if refused is None]
+            usable = usable or [a for a, refused in verdicts if refused == current]
             if usable and self.store.signing_required(before.account):
                 # prefer approvals whose signature checks out; the before-byte write re-checks them
                 # (approval_signature_verified, docs/design.md#signed-approvals)
