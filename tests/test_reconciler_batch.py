@@ -109,3 +109,17 @@ def test_one_update_records_every_lookup_that_ended_the_same_way(statements):  #
     updates = [q for q, _ in sent if q.lstrip().upper().startswith("UPDATE AOM_INTENTS")]
     assert len(updates) == 1
     assert [store.get(k).state for k in keys] == [STATE.parked] * 6
+
+
+def test_each_found_lookup_of_a_batch_records_its_own_object_and_each_park_its_own_reason(any_store):
+    store = any_store.store
+    found, parked = unknowns(store, "found", 3), unknowns(store, "parked", 2)
+    moves = [(EVENT.reconcile_found, store.get(k).plan, {"remote_id": f"r-{i}"}) for i, k in enumerate(found)]
+    reasons = [OUTCOME.lookup_unsupported, OUTCOME.reconcile_budget_spent]
+    moves += [
+        (EVENT.park_unreconcilable, store.get(k).plan, {"reason": r}) for k, r in zip(parked, reasons, strict=True)
+    ]
+    got = store.reconcile_many(moves)
+    assert not any(isinstance(m, Rejected) for m in got)
+    assert [store.get(k).remote_id for k in found] == ["r-0", "r-1", "r-2"]
+    assert [store.history(k)[-1].detail.get("reason") for k in parked] == reasons

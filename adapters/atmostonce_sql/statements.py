@@ -61,6 +61,11 @@ def store_epoch() -> sa.Label[Any]:
     return sa.select(meta.c.value).where(meta.c.name == "restore_epoch").scalar_subquery().label("store_epoch")
 
 
+BATCH_COLUMNS: dict[str, Any] = {**PARAMS, "remote_id": sa.Text()}
+"""What a batched move reads per row from its batch: every guard parameter, and the object id a reconciler's
+found lookup sets (each row its own)."""
+
+
 class Statements:
     """The statements of ``table``'s events on ``dialect`` (``postgresql`` or ``sqlite``); ``now`` is the
     clock expression the statements judge leases and stamp rows by (default: the database clock)."""
@@ -198,7 +203,7 @@ class Statements:
         """The batch a batched move reads (``b``): one row per intent from the JSON array ``:p_batch``, each
         object an intent's ``key`` and what its move presents (``columns``, names of
         :data:`~atmostonce_sql.guards.PARAMS`). PostgreSQL: ``jsonb_to_recordset``; SQLite: ``json_each``."""
-        types: dict[str, Any] = {"key": sa.Text(), **{n: PARAMS[n] for n in columns}}
+        types: dict[str, Any] = {"key": sa.Text(), **{n: BATCH_COLUMNS[n] for n in columns}}
         names = ("key", *columns)
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import JSONB

@@ -91,7 +91,7 @@ from .schema import (
     sources,
 )
 from .sequences import resync_sequences
-from .statements import SUBMITTED, Statements, db_now, store_epoch
+from .statements import BATCH_COLUMNS, SUBMITTED, Statements, db_now, store_epoch
 
 __all__ = ["HA_MODES", "SqlStore", "db_now", "register_sqlite_functions"]
 
@@ -380,7 +380,7 @@ class SqlStore(SqlClaims, Operations):
         ev = self.table.event(event)
         if EFFECT.open_attempt in ev.effects:  # a new attempt draws its token and generation per move
             raise IntakeError(f"{event} opens an attempt: it is not applied in batches")
-        columns = tuple(n for n in PARAMS if any(n in args for _, args in items))
+        columns = tuple(n for n in BATCH_COLUMNS if any(n in args for _, args in items))
         stmts = self._batch_statements(ev, columns)
         results: dict[int, Intent | Rejected] = {}
         coupled: list[int] = []
@@ -422,10 +422,26 @@ class SqlStore(SqlClaims, Operations):
         self._commit_mode(conn, [ev.name])
         params = [self._params(ev, key, args, conn) for key, args in items]
         # in key order: two batches over the same rows then lock them in one order (docs/design.md#the-sweeper-moves-a-batch-per-statement)
-        batch = [{"key": key, **{n: args.get(n) for n in columns}} for key, args in sorted(items, key=lambda i: i[0])]
-        constant = {k: v for k, v in params[0].items() if k[2:] not in columns and k != "p_key"}
-        rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
-        moved = {r["key"]: r for r in rows}
+        order = sorted(range(len(items)), key=lambda i: items[i][0])
+        # the UPDATE reads a row's own values from the batch (columns) and the rest as parameters: rows whose other
+        # parameters differ (a reason, a descriptor) go in separate UPDATEs, never under the first row's values
+        used = stmts.get("parameters")
+        if used is None:
+            used = stmts["parameters"] = sorted(
+                k
+                for k in stmts["update"].compile(dialect=conn.dialect).params
+                if k.startswith("p_") and k not in ("p_batch", "p_key") and k[2:] not in columns  # not its literals
+            )
+        groups: dict[str, list[int]] = {}
+        for i in order:
+            same = json.dumps([params[i].get(k) for k in used], sort_keys=True, default=str)
+            groups.setdefault(same, []).append(i)
+        moved: dict[str, Any] = {}
+        for idx in groups.values():
+            batch = [{"key": items[i][0], **{n: items[i][1].get(n) for n in columns}} for i in idx]
+            constant = {k: params[idx[0]].get(k) for k in used}
+            rows = conn.execute(stmts["update"], constant | {"p_batch": batch}).mappings().all()
+            moved.update({r["key"]: r for r in rows})
         done = [params[i] for i, (key, _) in enumerate(items) if key in moved]
         for stmt in stmts["appends"] if done else ():
             conn.execute(stmt, done)  # one statement for every moved row (executemany)
