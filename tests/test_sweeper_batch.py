@@ -24,10 +24,10 @@ def sweeper_event(store, it) -> str:
     return ev
 
 
-def due_group(store, prefix: str) -> list[str]:
-    """Two authorized sends and two begun, not yet authorized attempts: the sweeper's two moves."""
-    keys = [to_state(store, STATE.authorized, text=f"{prefix} sent {i}")[0].key for i in range(2)]
-    for i in range(2):
+def due_group(store, prefix: str, sent: int = 2, begun: int = 2) -> list[str]:
+    """``sent`` authorized sends, then ``begun`` begun, not yet authorized attempts: the sweeper's two moves."""
+    keys = [to_state(store, STATE.authorized, text=f"{prefix} sent {i}")[0].key for i in range(sent)]
+    for i in range(begun):
         it = submit(store, text=f"{prefix} begun {i}")
         store.begin(it.key, lease_seconds=10)
         keys.append(it.key)
@@ -174,11 +174,7 @@ def statements(sql_store):
 
 def test_one_update_moves_a_whole_batch_of_each_sweeper_move(statements):
     store, sent = statements
-    keys = [to_state(store, STATE.authorized, text=f"sent {i}")[0].key for i in range(5)]
-    for i in range(4):
-        it = submit(store, text=f"begun {i}")
-        store.begin(it.key, lease_seconds=10)
-        keys.append(it.key)
+    keys = due_group(store, "one update", sent=5, begun=4)
     from atmostonce_sql.testing import age_leases
 
     age_leases(store, 60)

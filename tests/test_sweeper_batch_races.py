@@ -18,6 +18,7 @@ from atmostonce.names import ACTOR, EVENT, GUARD, OUTCOME, STATE
 from atmostonce.runtime import RuntimeConfig, Sweeper
 from atmostonce_sql import open_store
 from tests.helpers import submit, to_state
+from tests.test_sweeper_batch import due_group
 
 CONFIG = RuntimeConfig(sweep_batch=1000)
 
@@ -120,11 +121,7 @@ def test_two_sweepers_batching_the_same_due_leases_in_opposite_orders_move_each_
     store = racing_store
     from atmostonce_sql.testing import age_leases
 
-    keys = [to_state(store, STATE.authorized, text=f"sent {i}")[0].key for i in range(100)]
-    for i in range(100):
-        it = submit(store, text=f"begun {i}")
-        store.begin(it.key, lease_seconds=10)
-        keys.append(it.key)
+    due_group(store, "race", sent=100, begun=100)
     age_leases(store, 60)
     listed = store.due_leases(1000)
     assert len(listed) == 200
