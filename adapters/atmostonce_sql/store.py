@@ -371,7 +371,8 @@ class SqlStore(SqlClaims, Operations):
 
     def _apply_batch(self, event: str, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Intent | Rejected]:
         """``event`` for every ``(key, args)`` of ``items`` (distinct keys) in one transaction around one
-        conditional write (docs/design.md#the-sweeper-moves-a-batch-per-statement): the batch ``UPDATE`` moves
+        conditional write (docs/design.md#the-sweeper-moves-a-batch-per-statement; one per group of rows whose
+        parameters outside the batch's columns differ, which no sweeper or reconciler move has): the batch ``UPDATE`` moves
         every row whose source state and guards hold, and each moved row's appends (attempt outcome, history
         row, reconciliation record: the single move's statements) run once per statement for all of them
         (``executemany``). A row the ``UPDATE`` did not move is diagnosed as a single move's is; one that needs

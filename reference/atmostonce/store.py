@@ -695,34 +695,27 @@ class Operations(ClaimOperations):
             return args | {"reason": _need_text("reason", kw.get("reason")), "result": "unknown"}
         return args | {"result": "unknown"}  # reconcile_not_found, reconcile_unproven: the send stays unknown
 
+    def _reconcile(self, event: str, plan: Plan, kw: Mapping[str, Any]) -> Intent:
+        args = self._reconciler_args(event, plan, kw)  # the plan is checked before its key is read
+        return self._move(event, plan.key, args)
+
     def reconcile_found(self, plan: Plan, *, remote_id: str) -> Intent:
-        args = self._reconciler_args(
-            EVENT.reconcile_found, plan, {"remote_id": remote_id}
-        )  # the plan checked before its key is read
-        return self._move(EVENT.reconcile_found, plan.key, args)
+        return self._reconcile(EVENT.reconcile_found, plan, {"remote_id": remote_id})
 
     def reconcile_not_found(self, plan: Plan) -> Intent:
-        args = self._reconciler_args(EVENT.reconcile_not_found, plan, {})  # the plan checked before its key is read
-        return self._move(EVENT.reconcile_not_found, plan.key, args)
+        return self._reconcile(EVENT.reconcile_not_found, plan, {})
 
     def reconcile_unproven(self, plan: Plan) -> Intent:
         """A fenced lookup found nothing, but absence is not provable (an attempt begun before a
         restore): stays ``indeterminate``, counts a look, and moves the fence epoch on, because the
         platform now refuses the looked-up key (docs/design.md#a-fence-is-a-tombstone)."""
-        args = self._reconciler_args(EVENT.reconcile_unproven, plan, {})  # the plan checked before its key is read
-        return self._move(EVENT.reconcile_unproven, plan.key, args)
+        return self._reconcile(EVENT.reconcile_unproven, plan, {})
 
     def reconcile_absent(self, plan: Plan, *, fenced: bool) -> Intent:
-        args = self._reconciler_args(
-            EVENT.reconcile_absent, plan, {"fenced": fenced}
-        )  # the plan checked before its key is read
-        return self._move(EVENT.reconcile_absent, plan.key, args)
+        return self._reconcile(EVENT.reconcile_absent, plan, {"fenced": fenced})
 
     def park_unreconcilable(self, plan: Plan, *, reason: str) -> Intent:
-        args = self._reconciler_args(
-            EVENT.park_unreconcilable, plan, {"reason": reason}
-        )  # the plan checked before its key is read
-        return self._move(EVENT.park_unreconcilable, plan.key, args)
+        return self._reconcile(EVENT.park_unreconcilable, plan, {"reason": reason})
 
     def reconcile_many(self, moves: Iterable[tuple[str, Plan, Mapping[str, Any]]]) -> list[Intent | Rejected]:
         """The reconciler's moves for a batch of lookups, one conditional write per event for the whole batch
