@@ -136,7 +136,11 @@ def span(name: str, **attributes: Any) -> Iterator[Any]:
     if _otel_trace is None:
         yield None
         return
-    tracer = _tracer(_providers["tracer"] or _otel_trace.get_tracer_provider())
+    provider = _providers["tracer"] or _otel_trace.get_tracer_provider()
+    if isinstance(provider, _otel_trace.ProxyTracerProvider):  # no SDK installed yet: every span is a no-op
+        yield None
+        return
+    tracer = _tracer(provider)
     attrs = {f"atmostonce.{k}": v for k, v in attributes.items() if v is not None}
     with tracer.start_as_current_span(f"atmostonce.{name}", attributes=attrs) as s:
         yield s
