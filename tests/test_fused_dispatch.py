@@ -242,15 +242,109 @@ class Statements:
         return out
 
 
+class Marked(Platform):
+    """:class:`Platform` that writes ``<the bytes>`` into the statement log when it sends."""
+
+    def __init__(self, log: list[str], **kw):
+        super().__init__(**kw)
+        self.log = log
+
+    def send(self, wire):
+        self.log.append("<the bytes>")
+        return super().send(wire)
+
+
+def _writes(statements: list[str]) -> list[str]:
+    return [q for q in statements if "UPDATE aom_intents" in q]
+
+
 @pytest.mark.postgres
-def test_the_authorization_waits_for_the_disk_and_only_the_outcome_may_not(pg_store, monkeypatch):
+def test_a_dispatch_is_one_statement_before_the_bytes_and_one_after(pg_store, monkeypatch):
+    """Two durable points, two round trips: the authorization (begin with authorize_dispatch) and the
+    outcome (record_success with the read-back's move) are each one statement in its own autocommit
+    transaction, and only the outcome's turns off the wait for the disk."""
     it = submit(pg_store)
     seen = Statements(monkeypatch)
-    assert Dispatcher(pg_store, Platform(), CONFIG).dispatch(it.key) == "read_back.match"
-    authorize, outcome = seen.transactions()
-    async_commit = "SET LOCAL synchronous_commit = off"
-    assert async_commit not in authorize and any("aom_moved" in q for q in authorize)
-    assert outcome[0] == async_commit and len(outcome) == 3  # the setting, record_success, confirm_read_back
+    assert Dispatcher(pg_store, Marked(seen.sent), CONFIG).dispatch(it.key) == "read_back.match"
+    cut = seen.sent.index("<the bytes>")
+    (authorize,), (outcome,) = _writes(seen.sent[:cut]), _writes(seen.sent[cut:])
+    assert "BEGIN" not in seen.sent and "COMMIT" not in seen.sent
+    assert "set_config" not in authorize and "FOR UPDATE" in authorize
+    assert "set_config" in outcome  # synchronous_commit off, local to the statement's own transaction
+    assert pg_store.get(it.key).state == "published"
+
+
+@pytest.mark.postgres
+def test_the_outcome_statement_leaves_its_connection_committing_synchronously(pg_databases, monkeypatch):
+    """``set_config(..., true)`` is local to the outcome's own transaction: the pooled connection that ran
+    it commits whatever it runs next synchronously again."""
+    from atmostonce_sql import open_store
+
+    url = pg_databases.fresh()
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+        db = admin.execute("SELECT current_database()").fetchone()[0]
+        admin.execute(f'ALTER DATABASE "{db}" SET synchronous_commit = on')  # test clusters default to off
+    store = open_store(url, migrate=False)
+    ran_on: list[psycopg.Connection] = []
+    original = psycopg.Cursor.execute
+
+    def execute(cur, query, params=None, *a, **kw):
+        if "set_config" in str(query):
+            ran_on.append(cur.connection)
+        return original(cur, query, params, *a, **kw)
+
+    try:
+        it = submit(store)
+        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+        assert Dispatcher(store, Platform(), CONFIG).dispatch(it.key) == "read_back.match"
+        monkeypatch.undo()
+        (conn,) = ran_on  # idle in the pool now
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        store.close()
+        pg_databases.drop(url)
+
+
+@pytest.mark.postgres
+def test_the_one_statement_moves_write_what_the_moves_one_by_one_write(pg_store, monkeypatch):
+    """The same dispatch through the fused statements and through one transaction of single moves (what
+    a refusal falls back to) leaves the same intent, history, attempt and chain, apart from the identities
+    and times each intent has of its own."""
+    from atmostonce.audit import verify_store
+    from atmostonce_sql.store import SqlStore
+
+    def dispatch(text, target):
+        it = submit(pg_store, text=text, target=target)
+        lease, _ = pg_store.begin_and_authorize(it.key, request_digest=it.request_digest, lease_seconds=30)
+        pg_store.record_sent(lease, remote_id="r-1", response_digest="d", read_back="read_back.match")
+        return it.key
+
+    fused = dispatch("one statement", "room-1")
+    monkeypatch.setattr(SqlStore, "_fused", lambda self, key, steps: None)
+    stepwise = dispatch("moves one by one", "room-2")
+
+    def shape(key):
+        own = {"key", "target", "request", "request_digest", "text_hash", "attempt_token", "generation"}
+        times = {"lease_expires_at", "created_at", "updated_at"}
+        intent = {k: v for k, v in vars(pg_store.get(key)).items() if k not in own | times}
+        history = [
+            (
+                h.event,
+                h.actor,
+                h.from_state,
+                h.to_state,
+                h.attempt_token is not None,
+                h.generation is not None,
+                h.detail,
+            )
+            for h in pg_store.history(key)
+        ]
+        attempts = [(a.number, a.outcomes, a.resend_epoch, a.fence_epoch) for a in pg_store.attempts(key)]
+        return intent, history, attempts
+
+    assert shape(fused) == shape(stepwise)
+    assert [h.seq for h in pg_store.history(fused)] == sorted(h.seq for h in pg_store.history(fused))
+    assert verify_store(pg_store, [fused, stepwise]).breaks == ()
 
 
 @pytest.mark.postgres

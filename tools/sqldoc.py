@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from atmostonce.names import EVENT
 from atmostonce.table import table
 from atmostonce_sql.effects import SQL_EFFECTS
 from atmostonce_sql.statements import Statements, render
@@ -45,8 +46,9 @@ def render_doc() -> str:
         "refused: nothing was written, and the diagnosis below names the guard that refused.",
         "",
         "* **PostgreSQL** runs the whole move as one statement (data-modifying CTEs: the `UPDATE` is `u`, "
-        "the appends read it), in autocommit: one round trip, one commit. Moves fused into one transaction "
-        "(`begin_and_authorize`, `record_sent`) are sent through psycopg's pipeline as `BEGIN`, each move's "
+        "the appends read it), in autocommit: one round trip, one commit. Two moves of one intent that "
+        "commit together (`begin_and_authorize`, `record_sent`) are one statement too (the last sections "
+        "below). Three or more are sent through psycopg's pipeline as `BEGIN`, each move's "
         "statement in its *strict* form and `COMMIT`: the strict form is the same statement joined to "
         "`aom_moved(<rows moved>, '<event>')`, which fails with SQLSTATE `AOM01` when no row moved, so the "
         "transaction commits every move or none (migration 0010).",
@@ -118,6 +120,38 @@ def render_doc() -> str:
         lines += [f"### `{ev.name}`", ""]
         for name, builder in (("PostgreSQL", pg), ("SQLite", lite)):
             lines += [f"{name}:", "", *_block(render(builder.batch_move(ev, presented)["update"], builder.dialect))]
+    lines += [
+        "## Two moves as one statement (PostgreSQL)",
+        "",
+        "`Statements.fused(first, second, ...)` (docs/design.md#two-durable-points-per-send): `s` is the row as "
+        "`first` leaves it, under `first`'s guards, locked `FOR UPDATE`; the `UPDATE` `u` writes `second`'s "
+        "columns where `second`'s guards hold on `s` (the values `second` presents are `:p2_<name>`); `first`'s "
+        "appends and history row (`h1`) are written once `u` moved, `second`'s after them, so the history "
+        "sequence and chain keep the moves' order. It returns the row after each move (`step` 0 and 1), or "
+        "none when either gate refused; the store then runs the moves one by one, whose diagnosis names the "
+        "refusing guard.",
+        "",
+    ]
+    for first, second, chained, lossable, what in (
+        (
+            EVENT.begin,
+            EVENT.authorize_dispatch,
+            True,
+            False,
+            "The authorization (`begin_and_authorize`): `authorize_dispatch` "
+            "is held to the lease `begin` opened, read from `s`.",
+        ),
+        (
+            EVENT.record_success,
+            EVENT.confirm_read_back,
+            False,
+            True,
+            "The outcome (`record_sent` with a matching read-back; "
+            "`read_back_failed` takes the same shape): the commit does not wait for the disk (`cfg`).",
+        ),
+    ):
+        sql = render(pg.fused(t.event(first), t.event(second), chained, lossable)["one"], "postgresql")
+        lines += [f"### `{first}` then `{second}`", "", what, "", *_block(sql)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -116,6 +116,11 @@ class AsyncExecutor(Executor):
         row = conn.execute(stmts[name], dict(params)).mappings().first()
         return None if row is None else dict(row)
 
+    def run_all(
+        self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        return [dict(row) for row in conn.execute(stmts[name], dict(params)).mappings()]
+
     def run_sqlite(
         self, conn: Connection, stmts: dict[str, Any], name: Any, params: Mapping[str, Any], fetch: bool = True
     ) -> dict[str, Any] | None:

@@ -237,6 +237,23 @@ class Executor:
         finally:
             cur.close()
 
+    def run_all(
+        self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """PostgreSQL: :meth:`run`, returning every row (as mappings, in the statement's order)."""
+        raw: Any = conn.connection.dbapi_connection
+        try:
+            cur = self.send(raw, stmts, name, params)
+            rows = cur.fetchall()
+        except Exception as exc:
+            if raw.broken or raw.closed:
+                conn.invalidate()
+            raise sa.exc.DBAPIError.instance(self.compiled(stmts, name)[1], dict(params), exc, type(exc)) from exc
+        try:
+            return [self._named(stmts, name, cur, row) for row in rows]
+        finally:
+            cur.close()
+
     @staticmethod
     def _named(stmts: dict[str, Any], name: str, cur: Any, row: Any) -> dict[str, Any]:
         names = stmts.get(f"{name}.columns")

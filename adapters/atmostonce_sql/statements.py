@@ -12,7 +12,7 @@ that refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -242,11 +242,100 @@ class Statements:
         src = sa.select(intents).where(intents.c.key == sa.bindparam("p_key")).subquery("u")
         return {"update": update, "appends": self.appends(ev, src, returning=False), "columns": tuple(columns)}
 
-    def appends(self, ev: Any, src: Any, returning: bool = True) -> list[sa.Insert | sa.Update]:
+    def fused(
+        self, first: Any, second: Any, lease_from_first: bool, lossable: bool, disabled: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """PostgreSQL: the moves ``first`` then ``second`` of one intent as one statement, one round trip and one
+        commit in autocommit (docs/design.md#two-durable-points-per-send). Each keeps its own gate: ``s`` is the
+        row as ``first`` leaves it (``first``'s WHERE on the stored row, its SET as the row's new columns), locked
+        ``FOR UPDATE``; the ``UPDATE`` writes ``second``'s SET over it where ``second``'s WHERE holds on that
+        row (every column the fragments and values read is ``s``'s, every value ``second`` presents is named
+        ``:p2_<name>``); each move appends its own rows and history row (``first``'s from ``s``, only when the
+        ``UPDATE`` moved; ``second``'s after ``first``'s, so the history sequence and chain keep the moves'
+        order). ``lease_from_first``: ``second`` is held to the lease ``first`` opened, read from ``s`` as
+        :func:`atmostonce.store.lease_of` reads it from the begun row. ``lossable``: the commit does not wait for
+        the disk (``set_config('synchronous_commit', 'off', true)``, the statement's own transaction).
+
+        ``one`` returns two rows, ``step`` 0 (the row after ``first``) and 1 (after ``second``), or none when
+        either gate refused: nothing was written, and running the moves one by one names the refusing guard.
+        Both moves in their fast form only (an approval-gated intent, an account with a rate window: no row)."""
+        assert self.dialect == "postgresql", "SQLite runs the moves one by one in one write transaction"
+        for ev in (first, second):
+            assert reconciliation_step(self.table, ev.name) is None or ev is second, ev.name
+        off = frozenset(disabled)
+        c = intents.c
+        where1, values1 = self._gate(first, sa.bindparam("p_key"), off, False)
+
+        def as_column(name: str, col: Any) -> Any:
+            v = values1.get(name, col)
+            if not isinstance(v, sa.ColumnElement):
+                v = sa.cast(sa.null(), col.type) if v is None else sa.literal(v, col.type)
+            return v.label(name)
+
+        s = (
+            sa.select(*[as_column(name, col) for name, col in c.items()], store_epoch())
+            .where(*where1)
+            .with_for_update(of=intents)
+            .cte("s")
+        )
+        lease: dict[str, Any] = {
+            "p_attempt_token": s.c.attempt_token,
+            "p_generation": s.c.generation,
+            "p_epoch": sa.func.coalesce(s.c.epoch, 0),
+        }
+        # second's appends read the moved row (m2 below); the lease it presented is s's, as one-row subqueries
+        lease_in_appends = {k: sa.select(v).scalar_subquery() for k, v in lease.items()}
+
+        def second_reads_s(element: Any, lease: Mapping[str, Any]) -> Any:
+            if isinstance(element, sa.Column) and element.table is intents:
+                return s.c[element.name]
+            if isinstance(element, sa.BindParameter) and element.key.startswith("p_"):
+                if lease_from_first and element.key in lease:
+                    return lease[element.key]
+                return sa.bindparam(f"p2_{element.key[2:]}", type_=element.type, required=element.required)
+            return None
+
+        def adapt(expr: Any, stop: Sequence[Any] = ()) -> Any:
+            if not isinstance(expr, sa.ClauseElement):
+                return expr
+            presented = lease_in_appends if stop else lease
+            return visitors.replacement_traverse(
+                expr, {"stop_on": list(stop)}, lambda element, **kw: second_reads_s(element, presented)
+            )
+
+        where2, values2 = self._gate(second, c.key, off, False)  # where2[0], the key, is the join to s
+        values = {name: s.c[name] for name in values1} | {k: adapt(v) for k, v in values2.items()}
+        u = (
+            sa.update(intents)
+            .where(c.key == s.c.key, *[adapt(w) for w in where2[1:]])
+            .values(**values)
+            .returning(*intents.c, store_epoch())
+            .cte("u")
+        )
+        m1 = sa.select(*s.c).where(sa.select(u.c.key).exists()).cte("m1")  # first's row, once the UPDATE moved
+        ctes: list[Any] = []
+        for eff in first.effects:
+            write = SQL_EFFECTS[eff].appends
+            if write is not None:
+                ctes += [stmt.cte(f"a{len(ctes)}") for stmt in write(first.name, m1.c, self.now)]
+        h1 = self.history_insert(first, m1, EFFECT.open_attempt in first.effects).cte("h1")
+        # second's rows read the moved row once first's history row is in: its seq and chain come after
+        m2 = sa.select(*u.c).where(sa.select(h1.c.seq).exists()).cte("m2")
+        for i, stmt in enumerate(self.appends(second, m2, prefix="b")):
+            ctes.append(adapt(stmt, stop=[m2]).cte(f"b{i}"))
+        steps = [sa.select(sa.literal(0).label("step"), *m1.c), sa.select(sa.literal(1).label("step"), *u.c)]
+        if lossable:
+            cfg = sa.select(sa.func.set_config("synchronous_commit", "off", True).label("sc")).cte("cfg")
+            steps[1] = steps[1].where(sa.select(cfg.c.sc).scalar_subquery().is_not(None))
+        one = sa.union_all(*steps).add_cte(h1, *ctes)
+        return {"one": sa.select(*one.subquery("r").c).order_by(sa.literal_column("step"))}
+
+    def appends(self, ev: Any, src: Any, returning: bool = True, prefix: str = "") -> list[sa.Insert | sa.Update]:
         """The rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``: each
         effect's (``atmostonce_sql.effects``), in the table's order, then the history row and the
         reconciliation record. ``returning=False``: no statement of the list returns a row (PostgreSQL's
-        history row returns its ``seq`` otherwise), so each may be sent once for many rows (``executemany``)."""
+        history row returns its ``seq`` otherwise), so each may be sent once for many rows (``executemany``).
+        ``prefix`` names the history row's CTE (``<prefix>h``) where two moves share one statement."""
         out: list[sa.Insert | sa.Update] = []
         for eff in ev.effects:
             write = SQL_EFFECTS[eff].appends
@@ -254,7 +343,7 @@ class Statements:
                 out += write(ev.name, src.c, self.now)
         hist = self.history_insert(ev, src, EFFECT.open_attempt in ev.effects)
         if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
-            h = hist.cte("h")
+            h = hist.cte(f"{prefix}h")
             rec = self.reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
             top = (
                 hist if returning else self.history_insert(ev, src, EFFECT.open_attempt in ev.effects, returning=False)
@@ -417,10 +506,10 @@ def _layout(sql: str) -> str:
 def render(stmt: Any, dialect: str) -> str:
     """``stmt`` as SQL text of ``dialect`` (``postgresql`` or ``sqlite``), as the store compiles it: the
     table's constants (states, event names, settings) written as literals, what a caller presents as its
-    named parameter (``:p_<name>``). The store sends the same text with the driver's placeholders
+    named parameter (``:p_<name>``; ``:p2_<name>`` for the second move of :meth:`Statements.fused`). The store sends the same text with the driver's placeholders
     (PostgreSQL: ``$1``, ``$2``, ... in order of first appearance)."""
     c = stmt.compile(dialect=_dialect(dialect), compile_kwargs={"render_postcompile": True})
-    constants = {k: v for k, v in c.params.items() if not k.startswith("p_")}
+    constants = {k: v for k, v in c.params.items() if not k.startswith(("p_", "p2_"))}
 
     def sub(m: Any) -> str:
         name = m.group(1)

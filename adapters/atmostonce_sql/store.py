@@ -61,7 +61,7 @@ from atmostonce.records import (
     check_limit,
     check_text,
 )
-from atmostonce.store import Operations, policy_log_row, step_args, superseding_move
+from atmostonce.store import Operations, UnderNewLease, policy_log_row, step_args, superseding_move
 from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
@@ -460,12 +460,14 @@ class SqlStore(SqlClaims, Operations):
     def _apply_sequence(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent]:
         """Several moves in one transaction (one commit): each its own conditional write, as
         :meth:`_apply` runs it; a refusal rolls back the moves before it and is raised. On PostgreSQL
-        the moves are pipelined first (:meth:`_pipelined`); an intent whose move needs its coupled form
-        (an account rate window, a claim) then takes the transaction below."""
+        two moves are first one statement (:meth:`_fused`), more are pipelined (:meth:`_pipelined`); a
+        refusal there, or an intent whose move needs its coupled form (an account rate window, a claim),
+        then takes the transaction below, which names the refusing guard."""
         events = [event for event, _ in steps]
         durable = self.ha == "sync" and any(e in self._authorizing | self._opening for e in events)
         if self.dialect == "postgresql" and not durable:
-            done = self._pipelined(key, steps)
+            fusable = len(steps) == 2 and (not callable(steps[1][1]) or isinstance(steps[1][1], UnderNewLease))
+            done = self._fused(key, steps) if fusable else self._pipelined(key, steps)
             if done is not None:
                 return done
         current: list[tuple[Any, Mapping[str, Any]]] = []
@@ -550,6 +552,37 @@ class SqlStore(SqlClaims, Operations):
         if refusal is None:
             return None
         raise refusal
+
+    def _fused(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent] | None:
+        """PostgreSQL: two moves as one statement in autocommit (:meth:`Statements.fused`): one round trip, one
+        commit, without a commit wait when both are outcome moves (:meth:`_lossable`). A second step under
+        :class:`~atmostonce.store.UnderNewLease` is held to the lease the first opened, read in the statement.
+        Returns the two moved rows; ``None`` when no row moved (either gate refused, or a move needs its
+        coupled form) or the duplicate-text constraint or a deadlock refused: nothing was written, and the
+        caller runs the moves again one by one to move or name the refusal."""
+        (first, args1), (second, args2) = steps
+        ev, ev2 = self.table.event(first), self.table.event(second)
+        chained = isinstance(args2, UnderNewLease)
+        lossable = self._lossable([first, second])
+        first_key = (ev.name, self._disabled_guards)
+        cache_key = ("<fused>", second, chained, lossable, *first_key)
+        stmts = self._cache.get(cache_key)
+        if stmts is None:
+            stmts = self._cache[cache_key] = self._sql.fused(ev, ev2, chained, lossable, first_key[1])
+        params = self._params(ev, key, args1, None)
+        fixed = args2.fixed if chained else args2
+        params |= {f"p2_{k[2:]}": v for k, v in self._params(ev2, key, fixed, None).items()}
+        try:
+            with self._tx(autocommit=True) as conn:
+                rows = self._exec.run_all(conn, stmts, "one", params)
+        except (ConstraintRefused, Deadlock):
+            return None
+        if len(rows) != 2:
+            return None
+        moved = [self._intent(r) for r in rows]
+        if chained:
+            args2(moved[0])  # the arguments as the stepwise path builds them, for whoever watches (``seen``)
+        return moved
 
     def _apply_in(self, conn: Connection, ev, key: str, args: Mapping[str, Any]) -> Intent:
         """One move inside the open transaction ``conn``: the conditional write and its appends (on

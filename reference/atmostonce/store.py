@@ -13,7 +13,8 @@ the role protocols of :mod:`atmostonce.protocols` (re-exported here); :class:`St
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import identity, observe
@@ -126,6 +127,31 @@ def step_args(args: Any, previous: Intent | None) -> Mapping[str, Any]:
     """A step's arguments in :meth:`Operations._apply_sequence`: ``args`` itself, or ``args(previous)``."""
     out: Mapping[str, Any] = args(previous) if callable(args) else args
     return out
+
+
+def lease_of(begun: Intent) -> Lease:
+    """The lease a ``begin`` opened, from the row it left: its attempt token, generation, lease deadline
+    (store-clock seconds) and restore epoch (0 when the row has none)."""
+    assert begun.attempt_token is not None and begun.generation is not None and begun.lease_expires_at is not None
+    return Lease(begun.key, begun.attempt_token, begun.generation, begun.lease_expires_at, begun.epoch or 0)
+
+
+@dataclass(frozen=True)
+class UnderNewLease:
+    """A step's arguments (:meth:`Operations._apply_sequence`): ``fixed``, held to the lease the previous move
+    opened (:func:`lease_of` of its row: attempt token, generation, epoch). Called with that row it returns
+    the arguments; a store that runs both moves in one statement reads the lease from the first move's row
+    there instead (``atmostonce_sql``). ``seen`` is told the arguments each time they are built."""
+
+    fixed: Mapping[str, Any]
+    seen: Callable[[Mapping[str, Any]], None] | None = None
+
+    def __call__(self, previous: Intent | None) -> Mapping[str, Any]:
+        assert previous is not None, "a step under a new lease follows the move that opened it"
+        args = _lease_args(lease_of(previous)) | dict(self.fixed)
+        if self.seen is not None:
+            self.seen(args)
+        return args
 
 
 def _need_text(name: str, v: Any) -> str:
@@ -269,6 +295,8 @@ class Operations(ClaimOperations):
         presented: dict[str, Mapping[str, Any]] = {}
 
         def remember(event: str, args: Any) -> Any:
+            if isinstance(args, UnderNewLease):
+                return replace(args, seen=lambda built: presented.__setitem__(event, built))
             if not callable(args):
                 presented[event] = args
                 return args
@@ -514,17 +542,9 @@ class Operations(ClaimOperations):
             "platform": _optional_text("platform", platform),
             "contract_version": _optional_text("contract_version", contract_version),
         }
-        leases: list[Lease] = []
-
-        def authorize_args(begun: Intent | None) -> Mapping[str, Any]:
-            assert begun is not None and begun.attempt_token is not None and begun.generation is not None
-            assert begun.lease_expires_at is not None
-            lease = Lease(begun.key, begun.attempt_token, begun.generation, begun.lease_expires_at, begun.epoch or 0)
-            leases.append(lease)
-            return _lease_args(lease) | auth_args
-
-        _, authorized = self._moves(key, [(EVENT.begin, begin_args), (EVENT.authorize_dispatch, authorize_args)])
-        return leases[-1], authorized
+        steps = [(EVENT.begin, begin_args), (EVENT.authorize_dispatch, UnderNewLease(auth_args))]
+        begun, authorized = self._moves(key, steps)
+        return lease_of(begun), authorized
 
     def record_sent(
         self,
