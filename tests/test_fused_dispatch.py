@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 
 import psycopg
 import pytest
@@ -128,6 +129,16 @@ def test_record_sent_takes_only_a_read_back_outcome(any_store, outcome):
     with pytest.raises(IntakeError):
         store.record_sent(lease, remote_id="r-1", read_back=outcome)
     assert store.get(it.key).state == "authorized"
+
+
+def test_a_failed_read_back_must_say_why(any_store):
+    store = any_store.store
+    it = submit(store)
+    lease, _ = store.begin_and_authorize(it.key, request_digest=it.request_digest)
+    with pytest.raises(IntakeError) as e:
+        store.record_sent(lease, remote_id="r-1", read_back="read_back.differs")
+    assert e.value.field == "reason"
+    assert store.get(it.key).state == "authorized"  # neither move was written
 
 
 @pytest.mark.parametrize(
@@ -411,3 +422,105 @@ def test_an_outcome_lost_in_a_database_crash_is_settled_by_reconciliation_and_ne
         cluster.remove_on_stop = True
         cluster.stop()
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def _dsn(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _until_waiting(admin: psycopg.Connection, waiters: int) -> None:
+    """Poll until ``waiters`` backends of this database wait for a lock (a wait condition, not a timing)."""
+    for _ in range(2000):
+        n = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        ).fetchone()[0]
+        if n >= waiters:
+            return
+        admin.execute("SELECT pg_sleep(0.005)")
+    raise AssertionError(f"{waiters} backend(s) never waited for a lock")
+
+
+def _in_thread(results: dict, name: str, fn) -> threading.Thread:
+    def run():
+        try:
+            results[name] = fn()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            results[name] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+@pytest.mark.postgres
+def test_a_kill_switch_set_while_the_authorization_waits_for_the_row_is_obeyed(pg_databases):
+    """Another transaction holds the intent's row; the authorization started before the kill switch was
+    set, and waits. The switch commits, then the row is released: the authorization must see the switch
+    (its guards read a snapshot taken after the wait), so nothing is begun and nothing can be sent."""
+    from atmostonce_sql import open_store
+
+    url = pg_databases.fresh()
+    store = open_store(url, migrate=False)
+    try:
+        it = submit(store)
+        with psycopg.connect(_dsn(url), autocommit=True) as admin, psycopg.connect(_dsn(url)) as holder:
+            holder.execute("SELECT 1 FROM aom_intents WHERE key = %s FOR UPDATE", (it.key,))
+            results: dict = {}
+            t = _in_thread(
+                results, "authorize", lambda: store.begin_and_authorize(it.key, request_digest=it.request_digest)
+            )
+            _until_waiting(admin, 1)
+            store.set_kill_switch("global", True, operator="ops")
+            holder.commit()
+            t.join()
+        refused = results["authorize"]
+        assert isinstance(refused, GuardRefused), refused
+        assert (refused.event, refused.guard) == ("authorize_dispatch", "kill_switch_off")
+        assert events(store, it.key) == ["submit"] and store.attempts(it.key) == []
+    finally:
+        store.close()
+        pg_databases.drop(url)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("move", ["authorization", "outcome"])
+def test_a_restore_declared_while_a_dispatch_writes_waits_for_it_and_never_deadlocks(pg_databases, move):
+    """The restore locks the tables it resynchronizes; a fused authorization writes the intent, then its
+    attempt and history rows, a fused outcome the intent, history, then the attempt's outcome. Held
+    between two of the restore's tables (another session holds one), the restore must finish, and the
+    move that started meanwhile waits for it at the intent table, before it holds any table the restore
+    still needs, then finds the intent fenced: refused, with nothing written."""
+    from atmostonce.audit import verify_store
+    from atmostonce_sql import open_store
+
+    url = pg_databases.fresh()
+    worker = open_store(url, migrate=False)
+    # the restore's session is the one that would detect a wait cycle (and be rolled back by it)
+    operator = open_store(url + ("&" if "?" in url else "?") + "options=-c%20deadlock_timeout%3D100ms", migrate=False)
+    try:
+        it = submit(worker)
+        if move == "authorization":
+            write = lambda: worker.begin_and_authorize(it.key, request_digest=it.request_digest)  # noqa: E731
+        else:
+            lease, _ = worker.begin_and_authorize(it.key, request_digest=it.request_digest)
+            write = lambda: worker.record_sent(lease, remote_id="r-1", read_back="read_back.match")  # noqa: E731
+        before = events(worker, it.key)
+        with psycopg.connect(_dsn(url), autocommit=True) as admin, psycopg.connect(_dsn(url)) as holder:
+            holder.execute("LOCK TABLE aom_failovers IN ROW EXCLUSIVE MODE")  # sorted among the restore's tables
+            results: dict = {}
+            restore = _in_thread(results, "restore", lambda: operator.declare_restore(operator="ops"))
+            _until_waiting(admin, 1)
+            dispatch = _in_thread(results, "move", write)
+            _until_waiting(admin, 2)
+            holder.commit()
+            restore.join()
+            dispatch.join()
+        assert not isinstance(results["restore"], BaseException), results["restore"]
+        assert isinstance(results["move"], Rejected), results["move"]
+        assert worker.get(it.key).state == "indeterminate"  # the restore fenced it; the move wrote nothing
+        assert events(worker, it.key) == [*before, "restore_fence"]
+        assert verify_store(worker, [it.key]).breaks == ()
+    finally:
+        worker.close()
+        operator.close()
+        pg_databases.drop(url)

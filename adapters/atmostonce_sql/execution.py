@@ -37,6 +37,7 @@ __all__ = [
     "ConstraintRefused",
     "Deadlock",
     "Executor",
+    "LockNotAvailable",
     "MoveRefused",
     "Pipeline",
     "driver_error",
@@ -51,6 +52,7 @@ TEXT_WINDOW_CONSTRAINT = "aom_text_claims_window"
 """The database's duplicate-text exclusion (PostgreSQL: an ``EXCLUDE`` constraint; SQLite: a trigger)."""
 _EXCLUSION_VIOLATION = "23P01"
 _DEADLOCK_DETECTED = "40P01"
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 class ConstraintRefused(StoreError):
@@ -64,6 +66,11 @@ class ConstraintRefused(StoreError):
 
 class Deadlock(StoreError):
     """PostgreSQL broke a wait cycle and rolled this transaction back (SQLSTATE 40P01); nothing was written."""
+
+
+class LockNotAvailable(StoreError):
+    """A row this statement would have waited for is locked by another transaction (``FOR UPDATE NOWAIT``,
+    SQLSTATE 55P03); nothing was written."""
 
 
 class MoveRefused(Exception):  # noqa: N818 - a signal between execution and the operations, never raised to callers
@@ -89,7 +96,7 @@ _SQLITE_TRIGGERS = _sqlite_trigger_constraints()
 
 def driver_error(exc: sa.exc.DBAPIError) -> StoreError:
     """The library's exception for a driver error: :class:`AppendOnlyViolation`, :class:`ConstraintRefused`
-    (with the constraint's name), :class:`Deadlock`, else :class:`StoreError`."""
+    (with the constraint's name), :class:`Deadlock`, :class:`LockNotAvailable`, else :class:`StoreError`."""
     orig = exc.orig
     text = str(orig) if orig is not None else str(exc)
     message = f"{type(orig).__name__ if orig is not None else 'database error'}: {text}"
@@ -102,6 +109,8 @@ def driver_error(exc: sa.exc.DBAPIError) -> StoreError:
             return ConstraintRefused(message, diag.constraint_name, sqlstate)  # type: ignore[union-attr]
         if sqlstate == _DEADLOCK_DETECTED:
             return Deadlock(message)
+        if sqlstate == _LOCK_NOT_AVAILABLE:
+            return LockNotAvailable(message)
         return StoreError(message)
     if getattr(orig, "sqlite_errorname", None) == "SQLITE_CONSTRAINT_TRIGGER":
         rule = _SQLITE_TRIGGERS.get(orig.args[0] if orig is not None and orig.args else "")

@@ -70,7 +70,10 @@ def resync_sequences(conn: Connection) -> tuple[tuple[str, int, int], ...]:
     ``aom_sequences``. Never moves a sequence backwards. Returns what was moved, as found."""
     dialect = conn.dialect.name
     if dialect == "postgresql":  # hold off writers while the maxima are read and the sequences moved
-        tables = sorted({t for _, t, _ in identity_columns()})
+        # aom_intents first: every move writes the intent row before the rows it appends (history, attempts,
+        # outcomes), so once this lock is held no move is between tables, and none that waits for it holds
+        # a table locked below (no wait cycle with a move in flight, whatever order it appends in)
+        tables = ["aom_intents", *sorted({t for _, t, _ in identity_columns()} - {"aom_intents"})]
         conn.exec_driver_sql(f"LOCK TABLE {', '.join(tables)} IN SHARE MODE")
     behind = sequences_behind(conn)
     for name, _value, stored_max in behind:

@@ -248,8 +248,11 @@ class Statements:
         """PostgreSQL: the moves ``first`` then ``second`` of one intent as one statement, one round trip and one
         commit in autocommit (docs/design.md#two-durable-points-per-send). Each keeps its own gate: ``s`` is the
         row as ``first`` leaves it (``first``'s WHERE on the stored row, its SET as the row's new columns), locked
-        ``FOR UPDATE``; the ``UPDATE`` writes ``second``'s SET over it where ``second``'s WHERE holds on that
-        row (every column the fragments and values read is ``s``'s, every value ``second`` presents is named
+        ``FOR UPDATE NOWAIT``: the statement never waits for another transaction's lock on the row, so every
+        guard that reads another table (a kill switch, a credential, a source) reads a snapshot taken no
+        earlier than the statement began; a locked row fails the statement with SQLSTATE 55P03 and the store
+        runs the moves one by one in a transaction, whose later statements take fresh snapshots. The
+        ``UPDATE`` writes ``second``'s SET over that row where ``second``'s WHERE holds on it (every column the fragments and values read is ``s``'s, every value ``second`` presents is named
         ``:p2_<name>``); each move appends its own rows and history row (``first``'s from ``s``, only when the
         ``UPDATE`` moved; ``second``'s after ``first``'s, so the history sequence and chain keep the moves'
         order). ``lease_from_first``: ``second`` is held to the lease ``first`` opened, read from ``s`` as
@@ -275,7 +278,7 @@ class Statements:
         s = (
             sa.select(*[as_column(name, col) for name, col in c.items()], store_epoch())
             .where(*where1)
-            .with_for_update(of=intents)
+            .with_for_update(of=intents, nowait=True)
             .cte("s")
         )
         lease: dict[str, Any] = {
@@ -313,12 +316,13 @@ class Statements:
             .cte("u")
         )
         m1 = sa.select(*s.c).where(sa.select(u.c.key).exists()).cte("m1")  # first's row, once the UPDATE moved
-        ctes: list[Any] = []
+        ctes: list[Any] = []  # first's effects' rows, then its history row, as a single move writes them
         for eff in first.effects:
             write = SQL_EFFECTS[eff].appends
             if write is not None:
                 ctes += [stmt.cte(f"a{len(ctes)}") for stmt in write(first.name, m1.c, self.now)]
         h1 = self.history_insert(first, m1, EFFECT.open_attempt in first.effects).cte("h1")
+        ctes.append(h1)
         # second's rows read the moved row once first's history row is in: its seq and chain come after
         m2 = sa.select(*u.c).where(sa.select(h1.c.seq).exists()).cte("m2")
         for i, stmt in enumerate(self.appends(second, m2, prefix="b")):
@@ -327,7 +331,7 @@ class Statements:
         if lossable:
             cfg = sa.select(sa.func.set_config("synchronous_commit", "off", True).label("sc")).cte("cfg")
             steps[1] = steps[1].where(sa.select(cfg.c.sc).scalar_subquery().is_not(None))
-        one = sa.union_all(*steps).add_cte(h1, *ctes)
+        one = sa.union_all(*steps).add_cte(*ctes)
         return {"one": sa.select(*one.subquery("r").c).order_by(sa.literal_column("step"))}
 
     def appends(self, ev: Any, src: Any, returning: bool = True, prefix: str = "") -> list[sa.Insert | sa.Update]:

@@ -67,7 +67,15 @@ from atmostonce.table import table as default_table
 
 from .claims import SqlClaims
 from .effects import SQL_EFFECTS, rate_window_move
-from .execution import REFUSED_SQLSTATE, TEXT_WINDOW_CONSTRAINT, ConstraintRefused, Deadlock, Executor, MoveRefused
+from .execution import (
+    REFUSED_SQLSTATE,
+    TEXT_WINDOW_CONSTRAINT,
+    ConstraintRefused,
+    Deadlock,
+    Executor,
+    LockNotAvailable,
+    MoveRefused,
+)
 from .guards import PARAMS, SQL_GUARDS, GuardRefs, text_window_expr, window_full
 from .schema import (
     TEXT_WINDOW_SETTING,
@@ -558,8 +566,9 @@ class SqlStore(SqlClaims, Operations):
         commit, without a commit wait when both are outcome moves (:meth:`_lossable`). A second step under
         :class:`~atmostonce.store.UnderNewLease` is held to the lease the first opened, read in the statement.
         Returns the two moved rows; ``None`` when no row moved (either gate refused, or a move needs its
-        coupled form) or the duplicate-text constraint or a deadlock refused: nothing was written, and the
-        caller runs the moves again one by one to move or name the refusal."""
+        coupled form), the duplicate-text constraint or a deadlock refused, or another transaction holds the
+        intent's row (the statement does not wait for it: see :meth:`Statements.fused`): nothing was written,
+        and the caller runs the moves again one by one to move or name the refusal."""
         (first, args1), (second, args2) = steps
         ev, ev2 = self.table.event(first), self.table.event(second)
         chained = isinstance(args2, UnderNewLease)
@@ -575,7 +584,7 @@ class SqlStore(SqlClaims, Operations):
         try:
             with self._tx(autocommit=True) as conn:
                 rows = self._exec.run_all(conn, stmts, "one", params)
-        except (ConstraintRefused, Deadlock):
+        except (ConstraintRefused, Deadlock, LockNotAvailable):
             return None
         if len(rows) != 2:
             return None

@@ -559,8 +559,8 @@ class Operations(ClaimOperations):
         """:meth:`record_success` and the read-back's move in one transaction: the outcome of a send
         as one commit (docs/design.md#two-durable-points-per-send). ``read_back`` is the read-back's
         outcome name from the table (``read_back.match`` moves by ``confirm_read_back``; ``read_back.differs``,
-        ``read_back.not_found`` or ``read_back.unavailable`` by ``read_back_failed``, with ``reason``
-        and optional ``evidence``, a JSON object). Both moves or neither: a refusal (the lease lapsed,
+        ``read_back.not_found`` or ``read_back.unavailable`` by ``read_back_failed``, with ``reason``,
+        required, and optional ``evidence``, a JSON object). Both moves or neither: a refusal (the lease lapsed,
         a newer attempt) is raised with nothing written. Raises ``Rejected``, ``IntakeError``."""
         success = _lease_args(lease) | {
             "remote_id": _need_text("remote_id", remote_id),
@@ -577,7 +577,9 @@ class Operations(ClaimOperations):
         ):
             raise IntakeError(f"{read_back!r} is not a read-back outcome")
         second = _lease_args(lease)
-        if reason is not None:
+        if (
+            reason is not None or outcome.event != EVENT.confirm_read_back
+        ):  # a failed read-back says why, as read_back_failed does
             second["reason"] = _need_text("reason", reason)
         if evidence is not None:
             second["evidence"] = check_json_object("evidence", evidence)
