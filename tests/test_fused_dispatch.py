@@ -453,22 +453,27 @@ def _in_thread(results: dict, name: str, fn) -> threading.Thread:
 
 
 @pytest.mark.postgres
-def test_a_kill_switch_set_while_the_authorization_waits_for_the_row_is_obeyed(pg_databases):
+@pytest.mark.parametrize("path", ["begin_and_authorize", "authorize_dispatch alone"])
+def test_a_kill_switch_set_while_the_authorization_waits_for_the_row_is_obeyed(pg_databases, path):
     """Another transaction holds the intent's row; the authorization started before the kill switch was
     set, and waits. The switch commits, then the row is released: the authorization must see the switch
-    (its guards read a snapshot taken after the wait), so nothing is begun and nothing can be sent."""
+    (its guards read a snapshot taken after the wait), so nothing is authorized and nothing can be sent."""
     from atmostonce_sql import open_store
 
     url = pg_databases.fresh()
     store = open_store(url, migrate=False)
     try:
         it = submit(store)
+        if path == "begin_and_authorize":
+            authorize = lambda: store.begin_and_authorize(it.key, request_digest=it.request_digest)  # noqa: E731
+        else:
+            lease = store.begin(it.key, lease_seconds=30)
+            authorize = lambda: store.authorize_dispatch(lease, request_digest=it.request_digest)  # noqa: E731
+        before = events(store, it.key)
         with psycopg.connect(_dsn(url), autocommit=True) as admin, psycopg.connect(_dsn(url)) as holder:
             holder.execute("SELECT 1 FROM aom_intents WHERE key = %s FOR UPDATE", (it.key,))
             results: dict = {}
-            t = _in_thread(
-                results, "authorize", lambda: store.begin_and_authorize(it.key, request_digest=it.request_digest)
-            )
+            t = _in_thread(results, "authorize", authorize)
             _until_waiting(admin, 1)
             store.set_kill_switch("global", True, operator="ops")
             holder.commit()
@@ -476,7 +481,7 @@ def test_a_kill_switch_set_while_the_authorization_waits_for_the_row_is_obeyed(p
         refused = results["authorize"]
         assert isinstance(refused, GuardRefused), refused
         assert (refused.event, refused.guard) == ("authorize_dispatch", "kill_switch_off")
-        assert events(store, it.key) == ["submit"] and store.attempts(it.key) == []
+        assert events(store, it.key) == before and store.get(it.key).state == "pending"
     finally:
         store.close()
         pg_databases.drop(url)

@@ -652,6 +652,7 @@ class SqlStore(SqlClaims, Operations):
             # the same one statement, in a transaction whose commit waits for the synchronous standby
             with self._tx() as conn:
                 self._durable_authorization(conn, ev, key)
+                self._lock_row(conn, ev, key)
                 params = self._params(ev, key, args, conn)
                 row = self._exec.run(conn, stmts, "one", params)
                 if row is not None:
@@ -664,6 +665,19 @@ class SqlStore(SqlClaims, Operations):
             # an outcome move: BEGIN, SET LOCAL synchronous_commit, the move, COMMIT in one round trip
             moved = self._pipelined(key, [(ev.name, args)])
             return moved[0] if moved is not None else self._apply_coupled(ev, key, args)
+        if self.dialect == "postgresql" and self._reads_beyond_row(ev):
+            # the intent's row locked first, then the move: its guards that read other tables (a kill
+            # switch, a credential, a source) read a snapshot taken after any wait for that row
+            with self._tx() as conn:
+                self._lock_row(conn, ev, key)
+                params = self._params(ev, key, args, conn)
+                row = self._exec.run(conn, stmts, "one", params)
+                if row is not None:
+                    return self._intent(row)
+                refusal = self._diagnose(conn, ev, key, params)
+                if refusal is not None:
+                    raise refusal
+            return self._apply_coupled(ev, key, args)
         if self.dialect == "postgresql":
             # the conditional UPDATE and every append in one statement (data-modifying CTEs), sent in
             # autocommit mode: one round trip per accepted transition
@@ -679,9 +693,24 @@ class SqlStore(SqlClaims, Operations):
         with self._tx() as conn:  # a refusal rolls the transaction back
             return self._apply_in(conn, ev, key, args)
 
+    def _reads_beyond_row(self, ev) -> bool:
+        """Whether one of ``ev``'s guards reads a table other than the intent's row (the table's policy and
+        waiting guards: kill switch, credential, contract, duplicate text, source, rate window)."""
+        t = self.table
+        return any(g in t.policy_guards or g in t.waiting_guards for g in ev.guards)
+
+    def _lock_row(self, conn: Connection, ev, key: str) -> None:
+        """PostgreSQL, inside ``conn``'s transaction: lock the intent's row before ``ev``'s statement when
+        :meth:`_reads_beyond_row`. A statement that waited for the row itself would evaluate those guards in
+        the snapshot it took before the wait (READ COMMITTED), and could miss a kill switch committed
+        meanwhile; the statement after this lock starts after the wait and waits no more."""
+        if self.dialect == "postgresql" and self._reads_beyond_row(ev):
+            conn.execute(sa.select(intents.c.key).where(intents.c.key == key).with_for_update())
+
     def _apply_coupled(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
         """The intent's move and its claim's (and approval's) in one transaction: all or nothing."""
         with self._tx() as conn:
+            self._lock_row(conn, ev, key)
             self._commit_mode(conn, [ev.name])
             if self.ha == "sync" and ev.name in self._authorizing | self._opening:
                 self._durable_authorization(conn, ev, key)
