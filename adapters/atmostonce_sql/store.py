@@ -653,45 +653,41 @@ class SqlStore(SqlClaims, Operations):
             with self._tx() as conn:
                 self._durable_authorization(conn, ev, key)
                 self._lock_row(conn, ev, key)
-                params = self._params(ev, key, args, conn)
-                row = self._exec.run(conn, stmts, "one", params)
-                if row is not None:
-                    return self._intent(row)
-                refusal = self._diagnose(conn, ev, key, params)
-                if refusal is not None:
-                    raise refusal
-            return self._apply_coupled(ev, key, args)
-        if self.dialect == "postgresql" and self._lossable([ev.name]):
+                moved = self._one_statement(conn, stmts, ev, key, args)
+        elif self.dialect == "postgresql" and self._lossable([ev.name]):
             # an outcome move: BEGIN, SET LOCAL synchronous_commit, the move, COMMIT in one round trip
-            moved = self._pipelined(key, [(ev.name, args)])
-            return moved[0] if moved is not None else self._apply_coupled(ev, key, args)
-        if self.dialect == "postgresql" and self._reads_beyond_row(ev):
+            pipelined = self._pipelined(key, [(ev.name, args)])
+            moved = pipelined[0] if pipelined is not None else None
+        elif self.dialect == "postgresql" and self._reads_beyond_row(ev):
             # the intent's row locked first, then the move: its guards that read other tables (a kill
             # switch, a credential, a source) read a snapshot taken after any wait for that row
             with self._tx() as conn:
                 self._lock_row(conn, ev, key)
-                params = self._params(ev, key, args, conn)
-                row = self._exec.run(conn, stmts, "one", params)
-                if row is not None:
-                    return self._intent(row)
-                refusal = self._diagnose(conn, ev, key, params)
-                if refusal is not None:
-                    raise refusal
-            return self._apply_coupled(ev, key, args)
-        if self.dialect == "postgresql":
+                moved = self._one_statement(conn, stmts, ev, key, args)
+        elif self.dialect == "postgresql":
             # the conditional UPDATE and every append in one statement (data-modifying CTEs), sent in
             # autocommit mode: one round trip per accepted transition
             with self._tx(autocommit=True) as conn:
-                params = self._params(ev, key, args, conn)
-                row = self._exec.run(conn, stmts, "one", params)
-                if row is not None:
-                    return self._intent(row)
-                refusal = self._diagnose(conn, ev, key, params)
-                if refusal is not None:
-                    raise refusal
-            return self._apply_coupled(ev, key, args)  # an approval-gated intent: with its claim
-        with self._tx() as conn:  # a refusal rolls the transaction back
-            return self._apply_in(conn, ev, key, args)
+                moved = self._one_statement(conn, stmts, ev, key, args)
+        else:
+            with self._tx() as conn:  # a refusal rolls the transaction back
+                return self._apply_in(conn, ev, key, args)
+        # None: the move needs its coupled form (an approval-gated intent: with its claim)
+        return moved if moved is not None else self._apply_coupled(ev, key, args)
+
+    def _one_statement(
+        self, conn: Connection, stmts: dict[str, Any], ev, key: str, args: Mapping[str, Any]
+    ) -> Intent | None:
+        """PostgreSQL: the move's one statement on ``conn``; the moved intent, else the diagnosed refusal is
+        raised, else ``None`` (no guard refused: the move needs its coupled form)."""
+        params = self._params(ev, key, args, conn)
+        row = self._exec.run(conn, stmts, "one", params)
+        if row is not None:
+            return self._intent(row)
+        refusal = self._diagnose(conn, ev, key, params)
+        if refusal is not None:
+            raise refusal
+        return None
 
     def _reads_beyond_row(self, ev) -> bool:
         """Whether one of ``ev``'s guards reads a table other than the intent's row (the table's policy and
