@@ -50,13 +50,19 @@ test: $(STAMP)
 ## spec check + lint + type check + docs lint + fast tests, under a minute: the model, SQLite and the core; the suites
 ## that start real servers or drive the CLI or the runtime end to end (tests/http, tests/test_cli*.py,
 ## test_runtime, test_service, test_extras, test_readme, the web console (tests/console), the conformance
-## cases, Synapse, Postfix/Dovecot, PostgreSQL) run in `make test`
+## cases, Synapse, Postfix/Dovecot, PostgreSQL, and the heavier SQLite files: races, async, the claim and approval
+## machines, signing, policy gate, late evidence, retraction, lease intake, import scans) run in `make test`
 quick: $(STAMP) spec-check lint typecheck docs-check
 	$(PYTEST) -q -x -m "not postgres and not slow" -n $(WORKERS) \
 	  --ignore=tests/test_store_differential.py --ignore=tests/test_pgserver.py --ignore=tests/matrix --ignore=tests/email \
 	  --ignore=tests/http --ignore=tests/conformance --ignore=tests/ha --ignore-glob='tests/test_cli*.py' \
 	  --ignore=tests/test_runtime.py --ignore=tests/test_service.py --ignore=tests/test_extras.py --ignore=tests/test_readme.py \
-	  --ignore=tests/console
+	  --ignore=tests/console --ignore=tests/test_sweeper_batch_races.py --ignore=tests/test_async_sql_store.py \
+	  --ignore=tests/test_claims_runtime.py --ignore=tests/test_signed_approvals.py --ignore=tests/test_review_claims.py \
+	  --ignore=tests/test_front_door.py --ignore=tests/test_claims.py --ignore=tests/test_claims_stateful.py \
+	  --ignore=tests/test_claim_and_approval_records.py --ignore=tests/test_choosing_an_approval.py \
+	  --ignore=tests/test_policy_gate.py --ignore=tests/test_late_evidence.py --ignore=tests/test_retraction.py \
+	  --ignore=tests/test_lease_intake.py
 
 ## the PostgreSQL HA cluster (etcd + two Patroni nodes on loopback, docs/deployment.md): the failover tests, then
 ## 4 worker processes publish HA_INTENTS intents while the primary is SIGKILLed HA_FAILOVERS times, with the rule
