@@ -464,9 +464,7 @@ class Operations(ClaimOperations):
         The only creator of attempts. Raises ``Rejected`` (no_open_attempt, attempts_remaining, ...).
         """
         secs = validate_lease_seconds("lease_seconds", lease_seconds)
-        it = self._move(EVENT.begin, key, {"lease_seconds": secs})
-        assert it.attempt_token is not None and it.generation is not None and it.lease_expires_at is not None
-        return Lease(it.key, it.attempt_token, it.generation, it.lease_expires_at, it.epoch or 0)
+        return lease_of(self._move(EVENT.begin, key, {"lease_seconds": secs}))
 
     def authorize_dispatch(
         self,
