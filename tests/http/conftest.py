@@ -6,7 +6,7 @@ import socket
 from collections.abc import Callable, Iterator
 
 import pytest
-from http_helpers import FAST, Behaviour, RawServer
+from http_helpers import PATIENT, Behaviour, RawServer
 
 from atmostonce_http import HttpPlatformConfig, HttpTransport, PlatformSink
 
@@ -64,7 +64,7 @@ def transport() -> Iterator[Callable[..., HttpTransport]]:
     made: list[HttpTransport] = []
 
     def make(base_url: str, **fields) -> HttpTransport:
-        t = HttpTransport(HttpPlatformConfig(base_url=base_url, **{"create_path": "/items", **FAST, **fields}))
+        t = HttpTransport(HttpPlatformConfig(base_url=base_url, **{"create_path": "/items", **PATIENT, **fields}))
         made.append(t)
         return t
 

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from http_helpers import (
+    SHORT,
     answer,
     close_after_request,
     hang_after_request,
@@ -37,7 +38,7 @@ def test_connect_refused_is_not_sent(transport, refused_port):
 
 
 def test_connect_timeout_is_not_sent(transport, full_backlog_port):
-    result = transport(f"http://127.0.0.1:{full_backlog_port}").send(wire())
+    result = transport(f"http://127.0.0.1:{full_backlog_port}", connect_timeout=SHORT).send(wire())
     assert isinstance(result, NotSent)
     assert row(result) == "error:connect_timeout"
 
@@ -67,7 +68,7 @@ def test_reset_during_tls_handshake_is_connect_error_not_sent(transport, raw_ser
 
 def test_pool_timeout_is_not_sent(transport, raw_server):
     server = raw_server(hang_after_request)
-    t = transport(server.url(), max_connections=1, read_timeout=10)
+    t = transport(server.url(), max_connections=1, connect_timeout=SHORT)
     first: list = []
     worker = threading.Thread(target=lambda: first.append(t.send(wire(key="first"))))
     worker.start()
@@ -113,7 +114,7 @@ def test_send_on_a_closed_transport_is_not_sent(transport, raw_server):
 
 def test_write_timeout_mid_body_is_unknown(transport, raw_server):
     server = raw_server(never_read, rcvbuf=4096)
-    result = transport(server.url()).send(wire({"text": "x" * 16_000_000}))
+    result = transport(server.url(), write_timeout=SHORT).send(wire({"text": "x" * 16_000_000}))
     assert isinstance(result, Unknown) and result.outcome == "send.unknown"
     assert row(result) == "error:write_timeout"
     assert server.connections == 1
@@ -130,7 +131,7 @@ def test_reset_mid_body_is_unknown(transport, raw_server):
 
 def test_read_timeout_is_unknown(transport, raw_server):
     server = raw_server(hang_after_request)
-    result = transport(server.url()).send(wire())
+    result = transport(server.url(), read_timeout=SHORT).send(wire())
     assert isinstance(result, Unknown)
     assert row(result) == "error:read_timeout"
     assert server.wait_requests(1) and len(server.requests) == 1
