@@ -27,6 +27,7 @@ soon as the function changes.
 
     python -m mutation.mutmut_check [--mutants DIR] [--explained FILE] [--results FILE] [GLOB ...]
     python -m mutation.mutmut_check --confirm NAME ...   # a person re-read these survivors on this body
+    python -m mutation.mutmut_check --explain FILE       # reasons (JSON: name -> reason) for recorded survivors
 
 Exit 0 when clean, 1 with one line per problem otherwise.
 """
@@ -369,6 +370,39 @@ def confirm(names: Iterable[str], mutants: Path, path: Path = EXPLAINED, hashes:
     return problems
 
 
+def explain(
+    reasons: Mapping[str, str],
+    path: Path = EXPLAINED,
+    results: Path = RESULTS,
+    hashes: TreeHashes | None = None,
+) -> list[str]:
+    """Write the explanations ``reasons`` (mutant name -> one-line reason) for survivors of *recorded* runs,
+    stamped with the function's hash in the tree and the commit, as :func:`confirm` does for the last run.
+    Refused (problems returned, nothing written) unless ``mutation/mutmut_results.json`` holds, for each
+    name, an undetected verdict recorded on the body now in the tree, and the reason is not blank."""
+    hashes = TreeHashes() if hashes is None else hashes
+    verdicts = load_verdicts(results)
+    data = json.loads(path.read_text("utf-8")) if path.exists() else {"equivalent": {}}
+    problems: list[str] = []
+    commit = head_commit()
+    for name, why in sorted(reasons.items()):
+        verdict = verdicts.get(name)
+        now = hashes.of(name)
+        if not str(why).strip():
+            problems.append(f"{name}: a blank reason")
+        elif verdict is None:
+            problems.append(f"{name}: no recorded verdict")
+        elif verdict.get("status") in DETECTED:
+            problems.append(f"{name}: recorded as {verdict.get('status')}, nothing to explain")
+        elif freshness(verdict, now) != FRESH:
+            problems.append(f"{name}: its recorded verdict is not on the body in the tree; run it again")
+        else:
+            data.setdefault("equivalent", {})[name] = {"why": str(why).strip(), "function_hash": now, "commit": commit}
+    if not problems:
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mutation.mutmut_check")
     ap.add_argument("--mutants", type=Path, default=MUTANTS, help="mutmut's mutants/ folder")
@@ -376,9 +410,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", type=Path, default=RESULTS, help="the recorded verdicts")
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose function bodies count")
     ap.add_argument("--confirm", action="store_true", help="stamp the explanations of the NAMEs given")
+    ap.add_argument(
+        "--explain",
+        type=Path,
+        metavar="FILE",
+        help="write the reasons in FILE (JSON: name -> reason) for recorded survivors",
+    )
     ap.add_argument("scope", nargs="*", help="mutant name globs the run covered (default: all)")
     a = ap.parse_args(argv)
     hashes = TreeHashes(a.root)
+    if a.explain is not None:
+        problems = explain(json.loads(a.explain.read_text("utf-8")), a.explained, a.results, hashes)
+        for p in problems:
+            print("  " + p)
+        return 1 if problems else 0
     if a.confirm:
         problems = confirm(a.scope, a.mutants, a.explained, hashes)
         for p in problems:

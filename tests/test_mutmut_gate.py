@@ -197,3 +197,50 @@ def test_mutmut_runs_import_the_unmutated_packages_from_this_checkout(tmp_path):
         str(ROOT / "adapters/atmostonce_http/__init__.py"),
         str(ROOT / "adapters/atmostonce_cli/__init__.py"),
     ]
+
+
+def _recorded(tmp_path, entries):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"mutants": entries}), "utf-8")
+    return results
+
+
+class _Hashes:
+    """The tree's function hashes, as a test sets them."""
+
+    def __init__(self, by_name):
+        self.by_name = by_name
+
+    def of(self, name):
+        return self.by_name.get(name)
+
+
+def test_a_recorded_survivor_gets_its_reason_stamped_with_the_body_it_was_given_on(tmp_path):
+    from mutation.mutmut_check import explain, load_explained
+
+    results = _recorded(tmp_path, {SURVIVED: {"status": "survived", "function_hash": "abc", "commit": "c1"}})
+    path = _explained(tmp_path, {})
+    assert explain({SURVIVED: "message text only"}, path, results, _Hashes({SURVIVED: "abc"})) == []
+    entry = load_explained(path)[SURVIVED]
+    assert (entry["why"], entry["function_hash"]) == ("message text only", "abc")
+    assert "unverified_hash" not in entry
+
+
+def test_a_reason_is_refused_for_a_kill_a_changed_body_or_a_mutant_never_recorded(tmp_path):
+    from mutation.mutmut_check import explain
+
+    results = _recorded(
+        tmp_path,
+        {
+            KILLED: {"status": "killed", "function_hash": "abc", "commit": "c1"},
+            SURVIVED: {"status": "survived", "function_hash": "old", "commit": "c1"},
+        },
+    )
+    path = _explained(tmp_path, {})
+    before = path.read_text("utf-8")
+    other = "atmostonce.identity.x_claim_id__mutmut_3"
+    problems = explain(
+        {KILLED: "x", SURVIVED: "y", other: "z"}, path, results, _Hashes({KILLED: "abc", SURVIVED: "abc", other: "abc"})
+    )
+    assert sorted(p.split(":")[0] for p in problems) == sorted([KILLED, SURVIVED, other])
+    assert path.read_text("utf-8") == before  # nothing written when any one is refused
