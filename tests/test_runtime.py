@@ -20,8 +20,10 @@ CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick
 @pytest.fixture(params=[True, False], ids=["fenced", "unfenced"])
 def platform(request):
     fenced = request.param
-    with PlatformSink(dedupe=False, fenced_lookup=fenced, delay_seconds=0.6, read_lag_seconds=0.3) as sink:
-        cfg = sink_config(sink.url, key_field="/delivery_key", lookup_fenced=fenced, read_timeout=0.3)
+    # the planned delay outlasts the client's read timeout by a wide margin, and an answer that is not delayed
+    # never comes near it, even on a loaded machine
+    with PlatformSink(dedupe=False, fenced_lookup=fenced, delay_seconds=3.0, read_lag_seconds=0.3) as sink:
+        cfg = sink_config(sink.url, key_field="/delivery_key", lookup_fenced=fenced, read_timeout=1.5)
         with HttpTransport(cfg) as transport:
             yield sink, transport, fenced
 
