@@ -1,0 +1,52 @@
+"""Which argument an operation reports as refused (IntakeError.field / .code), and the outcome field of the
+move log record, on the model and SQLite."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from atmostonce import IntakeError, MemoryStore
+from atmostonce.errors import IntakeCode
+from atmostonce.testing.stateful import FakeClock
+from tests.helpers import to_state
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    if request.param == "memory":
+        yield MemoryStore(clock=FakeClock())
+        return
+    from atmostonce_sql import open_store
+
+    s = open_store(f"sqlite:///{tmp_path / 'store.sqlite3'}")
+    yield s
+    s.close()
+
+
+def test_read_back_failed_reports_bad_evidence_as_the_evidence_argument(store):
+    it, lease = to_state(store, "authorized")
+    store.record_success(lease, remote_id="r-1")
+    with pytest.raises(IntakeError) as e:
+        store.read_back_failed(lease, reason="read_back.differs", evidence=["not", "an", "object"])
+    assert (e.value.field, e.value.code) == ("evidence", IntakeCode.NOT_OBJECT)
+    assert store.get(it.key).state == "authorized"
+
+
+def test_resolve_published_reports_bad_evidence_as_the_evidence_argument(store):
+    it, _ = to_state(store, "parked")
+    with pytest.raises(IntakeError) as e:
+        store.resolve_published(it.key, operator="alice", remote_id="r-1", evidence="seen it")
+    assert (e.value.field, e.value.code) == ("evidence", IntakeCode.NOT_OBJECT)
+    assert store.get(it.key).state == "parked"
+
+
+def test_the_move_log_record_names_the_outcome_the_table_maps_to_a_move_without_a_reason(store, caplog):
+    caplog.set_level(logging.INFO, logger="atmostonce.moves")
+    it, lease = to_state(store, "authorized")
+    store.record_success(lease, remote_id="r-1")
+    caplog.clear()
+    store.confirm_read_back(lease)
+    recs = [r for r in caplog.records if r.name == "atmostonce.moves"]
+    assert [(r.event, r.state, r.outcome) for r in recs] == [("confirm_read_back", "published", "read_back.match")]
