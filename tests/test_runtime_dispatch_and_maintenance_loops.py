@@ -5,18 +5,17 @@ and returns. On the model (the runtime is the same over every store)."""
 from __future__ import annotations
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from atmostonce import MemoryStore, observe
+from atmostonce import MemoryStore
 from atmostonce.errors import AtMostOnceError
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper
 from atmostonce.testing.stateful import FakeClock
 from atmostonce.transport import Capabilities, Found, NotFound, Sent, Unknown
+from tests import test_observe
 from tests.helpers import submit, to_state
+
+_points = test_observe._points
+otel = test_observe.otel  # the fixture, shared
 
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
 
@@ -68,27 +67,8 @@ def store(clock):
     return MemoryStore(clock=clock)
 
 
-@pytest.fixture
-def otel():
-    reader = InMemoryMetricReader()
-    spans = InMemorySpanExporter()
-    tracer = TracerProvider()
-    tracer.add_span_processor(SimpleSpanProcessor(spans))
-    observe.configure(meter_provider=MeterProvider(metric_readers=[reader]), tracer_provider=tracer)
-    yield reader, spans
-    observe.configure()
-
-
 def _lookup_points(reader):
-    out = {}
-    data = reader.get_metrics_data()
-    for rm in data.resource_metrics if data else ():
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                if m.name == "atmostonce.reconcile.lookups":
-                    for p in m.data.data_points:
-                        out[tuple(sorted(p.attributes.items()))] = p.value
-    return out
+    return {attrs: v for (name, attrs), v in _points(reader).items() if name == "atmostonce.reconcile.lookups"}
 
 
 # ---------------------------------------------------------------- Dispatcher: which path

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import locale
 import shutil
 import tomllib
 import types
@@ -16,17 +15,6 @@ from atmostonce.errors import TableCode
 from atmostonce.table import TableError, load_table, machine, spec_dir, table
 
 table_module = importlib.import_module("atmostonce.table")  # the package's `table` attribute is the loader function
-
-
-@pytest.fixture
-def ascii_locale():
-    """An ASCII (C) character locale for the test (as tests/conftest.py's fixture of that name)."""
-    old = locale.setlocale(locale.LC_CTYPE)
-    locale.setlocale(locale.LC_CTYPE, "C")
-    try:
-        yield locale.getpreferredencoding(False)
-    finally:
-        locale.setlocale(locale.LC_CTYPE, old)
 
 
 def _package_resources(root):
