@@ -2,38 +2,17 @@
 (``lease_expired``), the duplicate-text window is the half-open [start, start + window) of each claim seen
 from ``now`` (``text_window_clear``), and a move presents the row's own restore epoch
 (``restore_epoch_current``). The store clock is the one the test sets (the model's injected clock, or the
-SQLite store's database clock read from a one-row table), so each edge is hit exactly, without sleeping."""
+SQL stores' database clock read from a one-row table: conftest's ``set_clock_store``), so each edge is hit exactly, without sleeping."""
 
 from __future__ import annotations
 
 import pytest
 
-from atmostonce import GuardRefused, MemoryStore
+from atmostonce import GuardRefused
 from atmostonce.runtime import RuntimeConfig, Sweeper
 
 WINDOW = 60.0
 START = 1_000.0
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def clocked(request, tmp_path):
-    """``(store, set_clock)`` on the model and on SQLite."""
-    if request.param == "memory":
-        now = [0.0]
-
-        def set_clock(t):
-            now[0] = t
-
-        yield MemoryStore(clock=lambda: now[0]), set_clock
-        return
-    from atmostonce_sql import open_store
-    from atmostonce_sql.testing import SetClockStore
-
-    base = open_store(f"sqlite:///{tmp_path / 'clocked.sqlite3'}")
-    store = SetClockStore(base.engine)
-    yield store, store.set_clock
-    store.close()
-    base.close()
 
 
 def _authorize(s, it, lease_seconds=3_600):
@@ -52,8 +31,8 @@ def _window(s, set_clock):
 
 
 # ---------------------------------------------------------------- lease_expired
-def test_a_lease_is_expired_at_its_deadline_and_the_sweeper_settles_it_then(clocked):
-    s, set_clock = clocked
+def test_a_lease_is_expired_at_its_deadline_and_the_sweeper_settles_it_then(set_clock_store):
+    s, set_clock = set_clock_store
     set_clock(START)
     it = s.submit("acct", "post", "room-1", {"text": "hello"})
     lease = s.begin(it.key, lease_seconds=30)
@@ -66,8 +45,8 @@ def test_a_lease_is_expired_at_its_deadline_and_the_sweeper_settles_it_then(cloc
 
 
 # ---------------------------------------------------------------- text_window_clear
-def test_a_claim_of_the_same_text_inside_the_window_refuses_the_check_and_the_move(clocked):
-    s, set_clock = clocked
+def test_a_claim_of_the_same_text_inside_the_window_refuses_the_check_and_the_move(set_clock_store):
+    s, set_clock = set_clock_store
     second = _window(s, set_clock)
     set_clock(START + 10)
     assert s.check("authorize_dispatch", second.key, guards=["text_window_clear"]) == "text_window_clear"
@@ -78,8 +57,8 @@ def test_a_claim_of_the_same_text_inside_the_window_refuses_the_check_and_the_mo
     assert s.get(second.key).state == "pending"
 
 
-def test_the_window_ends_at_the_claims_end(clocked):
-    s, set_clock = clocked
+def test_the_window_ends_at_the_claims_end(set_clock_store):
+    s, set_clock = set_clock_store
     second = _window(s, set_clock)
     set_clock(START + WINDOW - 0.5)
     assert s.check("authorize_dispatch", second.key, guards=["text_window_clear"]) == "text_window_clear"
@@ -88,10 +67,10 @@ def test_the_window_ends_at_the_claims_end(clocked):
     assert _authorize(s, second).state == "authorized"
 
 
-def test_a_claim_starting_a_window_or_more_after_now_does_not_refuse(clocked):
+def test_a_claim_starting_a_window_or_more_after_now_does_not_refuse(set_clock_store):
     """With the clock set back (a database clock stepped back), a claim that starts at or after now + window
     does not overlap the window a send now would claim, [now, now + window)."""
-    s, set_clock = clocked
+    s, set_clock = set_clock_store
     second = _window(s, set_clock)
     set_clock(START - WINDOW + 0.5)  # the claim starts inside [now, now + window)
     assert s.check("authorize_dispatch", second.key, guards=["text_window_clear"]) == "text_window_clear"
@@ -103,10 +82,10 @@ def test_a_claim_starting_a_window_or_more_after_now_does_not_refuse(clocked):
 
 
 # ---------------------------------------------------------------- restore_epoch_current
-def test_the_epoch_presented_must_be_the_rows_own_not_only_the_current_one(clocked):
+def test_the_epoch_presented_must_be_the_rows_own_not_only_the_current_one(set_clock_store):
     """An intent fenced by a restore and re-queued carries the epoch of its last attempt; a move presenting
     the current epoch (not the row's) is refused by restore_epoch_current, as the model refuses it."""
-    s, set_clock = clocked
+    s, set_clock = set_clock_store
     set_clock(START)
     it = s.submit("acct", "post", "room-1", {"text": "hello"})
     lease = s.begin(it.key, lease_seconds=30)
