@@ -1,5 +1,5 @@
 """Which argument an operation reports as refused (IntakeError.field / .code), and the outcome field of the
-move log record, on the model and SQLite."""
+move log record, on the model, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,22 +7,14 @@ import logging
 
 import pytest
 
-from atmostonce import IntakeError, MemoryStore
+from atmostonce import IntakeError
 from atmostonce.errors import IntakeCode
-from atmostonce.testing.stateful import FakeClock
 from tests.helpers import to_state
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    if request.param == "memory":
-        yield MemoryStore(clock=FakeClock())
-        return
-    from atmostonce_sql import open_store
-
-    s = open_store(f"sqlite:///{tmp_path / 'store.sqlite3'}")
-    yield s
-    s.close()
+@pytest.fixture
+def store(any_store):
+    return any_store.store
 
 
 def test_read_back_failed_reports_bad_evidence_as_the_evidence_argument(store):
