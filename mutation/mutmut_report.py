@@ -272,11 +272,14 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         "mutation.mutmut_check --confirm NAME` after a person re-read the mutant (`mutmut show NAME` in "
         "`build/mutmut/`) on the current body, which is refused unless the last run left it undetected on "
         "that very body.",
-        "* CI (`.ci/run`) runs `make mutmut-slice`: `atmostonce.errors.*` and `atmostonce.identity.*`, 427 "
-        "mutants at the last recorded run. Measured from an empty `mutants/` on 2026-12-02 (with two named "
-        "`atmostonce_sql.guards` mutants): 43 min wall on this 2-core machine shared with seven other jobs, "
-        "most of it generating all 9315 mutants and the stats run; 405 detected, 22 explained (each re-read "
-        "on the current body and confirmed), exit 0.",
+        "* CI (`.ci/run`) runs `make mutmut-slice`: the 430 mutants of `atmostonce.identity.*`, against only "
+        "the four test files that kill them (`MUTMUT_SLICE_TESTS` in the Makefile; `--tests` of "
+        "`mutation.mutmut_run`, staged in `build/mutmut-slice/`). Measured from an empty staging folder on "
+        "2026-12-03: 94 s wall with 2 workers on this 2-core machine, 407 detected, 23 explained, exit 0. "
+        "The slice it replaced (`atmostonce.errors.*` too, against the whole fast suite) took about 43 min, "
+        "most of it the stats run of every test under mutmut's trampoline, and pushed CI past its time "
+        "limit. A narrowed run is never recorded: a mutant only a test outside its files kills survives "
+        "there.",
         "",
         "## Runs",
         "",

@@ -12,6 +12,13 @@ install's finder.
     python -m mutation.mutmut_run [--max-children N] [--record] [MUTANT_GLOB ...]   # stage, run, export stats
     python -m mutation.mutmut_run --stale [--record]                      # only functions with stale evidence
     python -m mutation.mutmut_run --stage-only                            # just build build/mutmut/
+    python -m mutation.mutmut_run --tests tests/test_identity.py 'atmostonce.identity.*'  # narrowed
+
+``--tests`` narrows the tests mutmut maps to functions and runs (its ``pytest_add_cli_args_test_selection``)
+to the paths given. Such a run stages into its own folder, ``build/mutmut-slice/``, with a copy of
+``pyproject.toml`` carrying that selection, so its test-to-function map never mixes with the full run's in
+``build/mutmut/``. A mutant only a test outside the selection kills counts as surviving there, so the
+selection for a slice must hold every test that kills one of its mutants (``make mutmut-slice``).
 
 It leaves ``build/mutmut/mutants/mutmut-cicd-stats.json`` and the per-file ``.meta`` results for
 ``mutation.mutmut_check`` (survivors against ``mutation/mutmut_explained.json``) and
@@ -21,7 +28,9 @@ It leaves ``build/mutmut/mutants/mutmut-cicd-stats.json`` and the per-file ``.me
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = ROOT / "build" / "mutmut"
+SLICE_STAGE = ROOT / "build" / "mutmut-slice"
 
 # name in the staging folder -> path in the repository
 LINKS = {
@@ -55,10 +65,28 @@ LINKS = {
 SOURCE_ROOTS = ("reference", "adapters")
 
 
-def stage(stage_dir: Path = STAGE) -> Path:
-    """Create (or refresh) the staging folder; returns it."""
+def narrowed_config(pyproject: str, tests: list[str]) -> str:
+    """``pyproject`` (the text of pyproject.toml) with ``[tool.mutmut]``'s test selection set to ``tests``.
+
+    Raises ValueError when the text has no ``pytest_add_cli_args_test_selection`` line to replace."""
+    line = re.compile(r"^pytest_add_cli_args_test_selection\s*=.*$", re.MULTILINE)
+    if not line.search(pyproject):
+        raise ValueError("pyproject.toml has no pytest_add_cli_args_test_selection line")
+    return line.sub(lambda _: "pytest_add_cli_args_test_selection = " + json.dumps(tests), pyproject, count=1)
+
+
+def stage(stage_dir: Path = STAGE, tests: list[str] | None = None) -> Path:
+    """Create (or refresh) the staging folder; returns it. With ``tests``, its pyproject.toml is a copy
+    whose mutmut test selection is those paths (see the module docstring)."""
     stage_dir.mkdir(parents=True, exist_ok=True)
+    if tests:
+        config = stage_dir / "pyproject.toml"
+        if config.is_symlink():
+            config.unlink()
+        config.write_text(narrowed_config((ROOT / "pyproject.toml").read_text("utf-8"), tests), "utf-8")
     for name, target in LINKS.items():
+        if tests and name == "pyproject.toml":
+            continue
         link = stage_dir / name
         want = os.path.relpath(ROOT / target, stage_dir)
         if link.is_symlink() and os.readlink(link) == want:
@@ -86,8 +114,15 @@ def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run(names: list[str], max_children: int, *, record: bool = False, stage_dir: Path = STAGE) -> int:
-    stage(stage_dir)
+def run(
+    names: list[str],
+    max_children: int,
+    *,
+    record: bool = False,
+    stage_dir: Path = STAGE,
+    tests: list[str] | None = None,
+) -> int:
+    stage(stage_dir, tests)
     env = child_env()
     started = time.monotonic()
     cmd = [mutmut_bin(), "run", "--max-children", str(max_children), *names]
@@ -113,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--stale", action="store_true", help="add every function whose recorded verdicts or explanations are stale"
     )
+    ap.add_argument(
+        "--tests",
+        action="append",
+        metavar="PATH",
+        help="run only this test path (repeatable; a narrowed slice, staged in build/mutmut-slice/, never recorded)",
+    )
     ap.add_argument("names", nargs="*", help="mutant names or globs, e.g. 'atmostonce.identity.*'")
     a = ap.parse_args(argv)
     if a.stage_only:
@@ -127,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         if not stale and not names:
             return 0
         names += stale
+    if a.tests:
+        if a.record:
+            ap.error("--record takes the full test selection: a narrowed run's survivors may be killed outside it")
+        return run(names, a.max_children, record=a.record, stage_dir=SLICE_STAGE, tests=a.tests)
     return run(names, a.max_children, record=a.record)
 
 

@@ -244,3 +244,32 @@ def test_a_reason_is_refused_for_a_kill_a_changed_body_or_a_mutant_never_recorde
     )
     assert sorted(p.split(":")[0] for p in problems) == sorted([KILLED, SURVIVED, other])
     assert path.read_text("utf-8") == before  # nothing written when any one is refused
+
+
+def test_a_narrowed_mutmut_run_stages_its_own_config_with_only_the_given_tests(tmp_path):
+    # a slice's test-to-function map must not mix with the full run's, and its config must select its tests
+    import tomllib
+
+    from mutation.mutmut_run import ROOT, stage
+
+    staged = stage(tmp_path / "slice", ["tests/test_identity.py", "tests/test_sources.py"])
+    config = staged / "pyproject.toml"
+    assert not config.is_symlink()
+    mutmut = tomllib.loads(config.read_text("utf-8"))["tool"]["mutmut"]
+    original = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["mutmut"]
+    assert mutmut["pytest_add_cli_args_test_selection"] == ["tests/test_identity.py", "tests/test_sources.py"]
+    assert {k: v for k, v in mutmut.items() if k != "pytest_add_cli_args_test_selection"} == {
+        k: v for k, v in original.items() if k != "pytest_add_cli_args_test_selection"
+    }
+    assert (staged / "atmostonce").resolve() == ROOT / "reference" / "atmostonce"
+
+
+def test_a_narrowed_mutmut_run_refuses_to_record_verdicts():
+    # a mutant only a test outside the selection kills survives there; recording that would be false evidence
+    import pytest
+
+    from mutation.mutmut_run import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--tests", "tests/test_identity.py", "--record", "atmostonce.identity.*"])
+    assert stopped.value.code == 2
