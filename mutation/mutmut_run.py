@@ -122,6 +122,11 @@ def run(
     stage_dir: Path = STAGE,
     tests: list[str] | None = None,
 ) -> int:
+    """Stage, run mutmut on ``names`` (globs; empty: every mutant) and export its stats; returns mutmut's
+    exit status. Raises ValueError for ``record`` with ``tests``: a narrowed run's survivors may be killed
+    by a test outside it, so its verdicts are never recorded."""
+    if record and tests:
+        raise ValueError("--record takes the full test selection: a narrowed run's survivors may be killed outside it")
     stage(stage_dir, tests)
     env = child_env()
     started = time.monotonic()
@@ -168,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         if not stale and not names:
             return 0
         names += stale
-    if a.tests:
-        if a.record:
-            ap.error("--record takes the full test selection: a narrowed run's survivors may be killed outside it")
-        return run(names, a.max_children, record=a.record, stage_dir=SLICE_STAGE, tests=a.tests)
-    return run(names, a.max_children, record=a.record)
+    try:
+        if a.tests:
+            return run(names, a.max_children, record=a.record, stage_dir=SLICE_STAGE, tests=a.tests)
+        return run(names, a.max_children, record=a.record)
+    except ValueError as refused:
+        ap.error(str(refused))
 
 
 if __name__ == "__main__":

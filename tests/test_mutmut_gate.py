@@ -268,8 +268,10 @@ def test_a_narrowed_mutmut_run_refuses_to_record_verdicts():
     # a mutant only a test outside the selection kills survives there; recording that would be false evidence
     import pytest
 
-    from mutation.mutmut_run import main
+    from mutation.mutmut_run import main, run
 
     with pytest.raises(SystemExit) as stopped:
         main(["--tests", "tests/test_identity.py", "--record", "atmostonce.identity.*"])
     assert stopped.value.code == 2
+    with pytest.raises(ValueError):
+        run(["atmostonce.identity.*"], 1, record=True, tests=["tests/test_identity.py"])
