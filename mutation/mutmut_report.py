@@ -70,9 +70,14 @@ def record(
     mutants: Path = MUTANTS,
     path: Path = RESULTS,
     commit: str | None = None,
+    tests: list[str] | None = None,
 ) -> dict:
     """Merge the statuses of the mutants in ``scope`` into the results file, each with the hash of the
-    function body the run mutated and the commit it ran at; returns the new results."""
+    function body the run mutated and the commit it ran at; returns the new results.
+
+    ``tests`` marks a narrowed run (only those test paths ran): then only detections are merged. A kill
+    by part of the suite is a kill by all of it; a survivor there may be killed by a test left out, so
+    its earlier verdict (or none) stays, and the run entry lists the tests."""
     from importlib.metadata import version
 
     res = load_results(path)
@@ -88,6 +93,8 @@ def record(
     for name, status in statuses.items():
         if not in_scope(name, scope) or status == "not checked":
             continue
+        if tests and status not in DETECTED:
+            continue
         if old.get(name, {}).get("status") == "survived" and status in DETECTED:
             revived.add(name)
         ran_on = run_hashes.get(f"{module_of(name)}.{function_of(name)}")
@@ -102,16 +109,18 @@ def record(
         modules = ", ".join(sorted({module_of(n) for n in scope}))
         what = "mutant names or patterns" if any("*" in n for n in scope) else "named mutants"
         scope = [f"{len(scope)} {what} of {modules}"]
-    res["runs"].append(
-        {
-            "scope": scope or ["*"],
-            "mutants": count,
-            "seconds": round(seconds),
-            "max_children": max_children,
-            "commit": commit,
-            "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        }
-    )
+    entry = {
+        "scope": scope or ["*"],
+        "mutants": count,
+        "seconds": round(seconds),
+        "max_children": max_children,
+        "commit": commit,
+        "finished": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    if tests:
+        entry["tests"] = list(tests)
+        entry["recorded"] = "detections only"
+    res["runs"].append(entry)
     path.write_text(dump(res), "utf-8")
     return res
 

@@ -123,10 +123,8 @@ def run(
     tests: list[str] | None = None,
 ) -> int:
     """Stage, run mutmut on ``names`` (globs; empty: every mutant) and export its stats; returns mutmut's
-    exit status. Raises ValueError for ``record`` with ``tests``: a narrowed run's survivors may be killed
-    by a test outside it, so its verdicts are never recorded."""
-    if record and tests:
-        raise ValueError("--record takes the full test selection: a narrowed run's survivors may be killed outside it")
+    exit status. With ``record`` and ``tests`` only the detections are recorded: a narrowed run's
+    survivors may be killed by a test outside it, so they say nothing (see ``mutmut_report.record``)."""
     stage(stage_dir, tests)
     env = child_env()
     started = time.monotonic()
@@ -141,7 +139,7 @@ def run(
     if rc == 0 and record:
         from mutation.mutmut_report import record as record_results
 
-        record_results(list(names), elapsed, max_children, stage_dir / "mutants")
+        record_results(list(names), elapsed, max_children, stage_dir / "mutants", tests=tests)
     return rc
 
 
@@ -157,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tests",
         action="append",
         metavar="PATH",
-        help="run only this test path (repeatable; a narrowed slice, staged in build/mutmut-slice/, never recorded)",
+        help="run only this test path (repeatable; a narrowed slice, staged in build/mutmut-slice/; --record keeps only its detections)",
     )
     ap.add_argument("names", nargs="*", help="mutant names or globs, e.g. 'atmostonce.identity.*'")
     a = ap.parse_args(argv)
@@ -173,12 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         if not stale and not names:
             return 0
         names += stale
-    try:
-        if a.tests:
-            return run(names, a.max_children, record=a.record, stage_dir=SLICE_STAGE, tests=a.tests)
-        return run(names, a.max_children, record=a.record)
-    except ValueError as refused:
-        ap.error(str(refused))
+    if a.tests:
+        return run(names, a.max_children, record=a.record, stage_dir=SLICE_STAGE, tests=a.tests)
+    return run(names, a.max_children, record=a.record)
 
 
 if __name__ == "__main__":

@@ -264,14 +264,20 @@ def test_a_narrowed_mutmut_run_stages_its_own_config_with_only_the_given_tests(t
     assert (staged / "atmostonce").resolve() == ROOT / "reference" / "atmostonce"
 
 
-def test_a_narrowed_mutmut_run_refuses_to_record_verdicts():
-    # a mutant only a test outside the selection kills survives there; recording that would be false evidence
-    import pytest
-
-    from mutation.mutmut_run import main, run
-
-    with pytest.raises(SystemExit) as stopped:
-        main(["--tests", "tests/test_identity.py", "--record", "atmostonce.identity.*"])
-    assert stopped.value.code == 2
-    with pytest.raises(ValueError):
-        run(["atmostonce.identity.*"], 1, record=True, tests=["tests/test_identity.py"])
+def test_a_narrowed_run_records_its_kills_and_leaves_its_survivors_verdicts_alone(tmp_path):
+    # a kill by part of the suite is a kill by all of it; a survivor there may die to a test left out
+    results = tmp_path / "results.json"
+    record([], 1.0, 1, _write_run(tmp_path / "a", {KILLED: 0, SURVIVED: 0}), results, "c1")
+    res = record(
+        [KILLED, SURVIVED],
+        1.0,
+        1,
+        _write_run(tmp_path / "b", {KILLED: 1, SURVIVED: 0}),
+        results,
+        "c2",
+        tests=["tests/test_identity.py"],
+    )
+    assert res["mutants"][KILLED]["status"] == "killed"
+    assert res["mutants"][SURVIVED] == {"status": "survived", "function_hash": None, "unverified_hash": True}
+    assert res["runs"][-1]["tests"] == ["tests/test_identity.py"] and res["runs"][-1]["mutants"] == 1
+    assert res["killed_after_surviving"] == [KILLED]
