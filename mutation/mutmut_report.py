@@ -287,8 +287,9 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
         "2026-12-03: 167 s wall with 2 workers on this 2-core machine, 407 detected, 23 explained, exit 0. "
         "The slice it replaced (`atmostonce.errors.*` too, against the whole fast suite) took about 43 min, "
         "most of it the stats run of every test under mutmut's trampoline, and pushed CI past its time "
-        "limit. A narrowed run is never recorded: a mutant only a test outside its files kills survives "
-        "there.",
+        "limit. A narrowed run records only its kills (a kill by part of the suite is a kill by all of it); "
+        "a mutant that survives it may be killed by a test outside its files, so its earlier verdict stays. "
+        "The runs below that were narrowed say so in their scope.",
         "",
         "## Runs",
         "",
@@ -297,6 +298,8 @@ def render(res: dict | None = None, explained: dict | None = None) -> str:
     ]
     for r in res.get("runs", []):
         scope = ", ".join(f"`{g}`" for g in r["scope"])
+        if r.get("tests"):
+            scope += f" (narrowed to {len(r['tests'])} test files: kills only)"
         commit = f"`{r['commit']}`" if r.get("commit") else "not recorded"
         lines.append(
             f"| {r['finished']} | {commit} | {scope} | {r['mutants']} | {r['seconds']} s | {r['max_children']} |"

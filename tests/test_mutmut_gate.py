@@ -281,3 +281,4 @@ def test_a_narrowed_run_records_its_kills_and_leaves_its_survivors_verdicts_alon
     assert res["mutants"][SURVIVED] == {"status": "survived", "function_hash": None, "unverified_hash": True}
     assert res["runs"][-1]["tests"] == ["tests/test_identity.py"] and res["runs"][-1]["mutants"] == 1
     assert res["killed_after_surviving"] == [KILLED]
+    assert "(narrowed to 1 test files: kills only)" in render(res, {})  # a reader of docs/mutmut.md sees which runs
