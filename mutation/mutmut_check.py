@@ -28,6 +28,7 @@ soon as the function changes.
     python -m mutation.mutmut_check [--mutants DIR] [--explained FILE] [--results FILE] [GLOB ...]
     python -m mutation.mutmut_check --confirm NAME ...   # a person re-read these survivors on this body
     python -m mutation.mutmut_check --explain FILE       # reasons (JSON: name -> reason) for recorded survivors
+    python -m mutation.mutmut_check --prune              # drop reasons for gone functions and detected mutants
 
 Exit 0 when clean, 1 with one line per problem otherwise.
 """
@@ -403,6 +404,26 @@ def explain(
     return problems
 
 
+def prune(path: Path = EXPLAINED, results: Path = RESULTS, hashes: TreeHashes | None = None) -> list[str]:
+    """Drop the explanations that explain nothing any more, and return their names: those whose function is
+    gone from the tree (mutmut no longer generates the mutant), and those whose recorded verdict is a
+    detection on the body now in the tree (a test kills it after all). A stale explanation of a function that
+    still exists is kept: it fails the check until a person re-reads it (:func:`confirm`) or a run settles it."""
+    hashes = TreeHashes() if hashes is None else hashes
+    verdicts = load_verdicts(results)
+    data = json.loads(path.read_text("utf-8"))
+    dropped = []
+    for name in sorted(data.get("equivalent", {})):
+        now, verdict = hashes.of(name), verdicts.get(name, {})
+        killed = verdict.get("status") in DETECTED and freshness(verdict, now) == FRESH
+        if now is None or killed:
+            dropped.append(name)
+            del data["equivalent"][name]
+    if dropped:
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    return dropped
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mutation.mutmut_check")
     ap.add_argument("--mutants", type=Path, default=MUTANTS, help="mutmut's mutants/ folder")
@@ -416,9 +437,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="write the reasons in FILE (JSON: name -> reason) for recorded survivors",
     )
+    ap.add_argument(
+        "--prune",
+        action="store_true",
+        help="drop the explanations of gone functions and of mutants recorded as detected on this body",
+    )
     ap.add_argument("scope", nargs="*", help="mutant name globs the run covered (default: all)")
     a = ap.parse_args(argv)
     hashes = TreeHashes(a.root)
+    if a.prune:
+        for name in prune(a.explained, a.results, hashes):
+            print(f"dropped {name}")
+        return 0
     if a.explain is not None:
         problems = explain(json.loads(a.explain.read_text("utf-8")), a.explained, a.results, hashes)
         for p in problems:

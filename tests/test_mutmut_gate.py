@@ -282,3 +282,26 @@ def test_a_narrowed_run_records_its_kills_and_leaves_its_survivors_verdicts_alon
     assert res["runs"][-1]["tests"] == ["tests/test_identity.py"] and res["runs"][-1]["mutants"] == 1
     assert res["killed_after_surviving"] == [KILLED]
     assert "(narrowed to 1 test files: kills only)" in render(res, {})  # a reader of docs/mutmut.md sees which runs
+
+
+def test_pruning_drops_reasons_that_explain_nothing_and_keeps_the_stale_ones(tmp_path):
+    # a gone function's mutant no longer exists, and a mutant killed on this body needs no reason; a reason
+    # for a function that changed stays (stale) until a person re-reads it or a run settles it
+    from mutation.mutmut_check import load_explained, prune
+
+    gone, stale, fresh = (f"atmostonce.identity.x_{f}__mutmut_1" for f in ("gone", "changed", "same"))
+    results = _recorded(
+        tmp_path,
+        {
+            KILLED: {"status": "killed", "function_hash": "abc", "commit": "c1"},
+            fresh: {"status": "survived", "function_hash": "same", "commit": "c1"},
+        },
+    )
+    reason = {"why": "equivalent", "function_hash": "old", "unverified_hash": True}
+    path = _explained(
+        tmp_path, {gone: reason, stale: reason, KILLED: reason, fresh: dict(reason, function_hash="same")}
+    )
+    hashes = _Hashes({stale: "new", KILLED: "abc", fresh: "same"})
+    assert prune(path, results, hashes) == sorted([gone, KILLED])
+    assert sorted(load_explained(path)) == sorted([stale, fresh])
+    assert prune(path, results, hashes) == []  # nothing left to drop: the file is not rewritten
