@@ -28,7 +28,7 @@ soon as the function changes.
     python -m mutation.mutmut_check [--mutants DIR] [--explained FILE] [--results FILE] [GLOB ...]
     python -m mutation.mutmut_check --confirm NAME ...   # a person re-read these survivors on this body
     python -m mutation.mutmut_check --explain FILE       # reasons (JSON: name -> reason) for recorded survivors
-    python -m mutation.mutmut_check --prune              # drop reasons for gone functions and detected mutants
+    python -m mutation.mutmut_check --prune              # drop reasons for gone or detected mutants
 
 Exit 0 when clean, 1 with one line per problem otherwise.
 """
@@ -404,19 +404,26 @@ def explain(
     return problems
 
 
-def prune(path: Path = EXPLAINED, results: Path = RESULTS, hashes: TreeHashes | None = None) -> list[str]:
+def prune(
+    path: Path = EXPLAINED, results: Path = RESULTS, hashes: TreeHashes | None = None, mutants: Path | None = None
+) -> list[str]:
     """Drop the explanations that explain nothing any more, and return their names: those whose function is
-    gone from the tree (mutmut no longer generates the mutant), and those whose recorded verdict is a
-    detection on the body now in the tree (a test kills it after all). A stale explanation of a function that
-    still exists is kept: it fails the check until a person re-reads it (:func:`confirm`) or a run settles it."""
+    gone from the tree, those whose mutant mutmut no longer generates from the body now in the tree (read from
+    the ``.meta`` files of the run in ``mutants``, when that run was generated from this body), and those whose
+    recorded verdict is a detection on this body (a test kills it after all). A stale explanation of a mutant
+    that still exists is kept: it fails the check until a person re-reads it (:func:`confirm`) or a run settles
+    it."""
     hashes = TreeHashes() if hashes is None else hashes
     verdicts = load_verdicts(results)
+    generated = load_statuses(mutants) if mutants is not None and mutants.is_dir() else {}
+    run_hashes = load_meta_hashes(mutants) if generated else {}
     data = json.loads(path.read_text("utf-8"))
     dropped = []
     for name in sorted(data.get("equivalent", {})):
         now, verdict = hashes.of(name), verdicts.get(name, {})
         killed = verdict.get("status") in DETECTED and freshness(verdict, now) == FRESH
-        if now is None or killed:
+        same_body = now is not None and run_hashes.get(f"{module_of(name)}.{function_of(name)}") == now
+        if now is None or killed or (same_body and name not in generated):
             dropped.append(name)
             del data["equivalent"][name]
     if dropped:
@@ -440,13 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--prune",
         action="store_true",
-        help="drop the explanations of gone functions and of mutants recorded as detected on this body",
+        help="drop the explanations of mutants gone from the tree or recorded as detected on this body",
     )
     ap.add_argument("scope", nargs="*", help="mutant name globs the run covered (default: all)")
     a = ap.parse_args(argv)
     hashes = TreeHashes(a.root)
     if a.prune:
-        for name in prune(a.explained, a.results, hashes):
+        for name in prune(a.explained, a.results, hashes, a.mutants):
             print(f"dropped {name}")
         return 0
     if a.explain is not None:

@@ -305,3 +305,21 @@ def test_pruning_drops_reasons_that_explain_nothing_and_keeps_the_stale_ones(tmp
     assert prune(path, results, hashes) == sorted([gone, KILLED])
     assert sorted(load_explained(path)) == sorted([stale, fresh])
     assert prune(path, results, hashes) == []  # nothing left to drop: the file is not rewritten
+
+
+def test_pruning_drops_a_reason_whose_mutant_the_current_body_no_longer_yields(tmp_path):
+    # the function shrank: mutmut, run on the body now in the tree, makes only mutants 1 and 2 of it, so a
+    # reason for mutant 3 describes nothing; judged only from a run on this very body
+    from mutation.mutmut_check import load_explained, prune
+
+    third = "atmostonce.identity.x_claim_id__mutmut_3"
+    mutants = _write_run(tmp_path, {KILLED: 1, SURVIVED: 0})
+    meta = mutants / "atmostonce" / "identity.py.meta"
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps(dict(data, hash_by_function_name={"x_claim_id": "now"})))
+    reason = {"why": "equivalent", "function_hash": "old", "unverified_hash": True}
+    path = _explained(tmp_path, {third: reason, SURVIVED: reason})
+    results = _recorded(tmp_path, {})
+    assert prune(path, results, _Hashes({third: "other", SURVIVED: "other"}), mutants) == []  # a run on another body
+    assert prune(path, results, _Hashes({third: "now", SURVIVED: "now"}), mutants) == [third]
+    assert list(load_explained(path)) == [SURVIVED]
