@@ -31,3 +31,8 @@ fi
 if ! command -v etcd >/dev/null 2>&1 || ! command -v patroni >/dev/null 2>&1; then
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends etcd-server patroni
 fi
+# strace: the SQLite durability test (tests/test_sqlite_durability.py) watches the store's own system calls to see
+# the WAL synced between the authorization's writes and the send
+if ! command -v strace >/dev/null 2>&1; then
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq strace
+fi

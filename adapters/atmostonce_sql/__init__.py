@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 from atmostonce.errors import SequenceBehind, StoreError
 
+from .execution import durable_commits
 from .migrate import upgrade
 from .roles import grant_app_role
 from .sequences import sequences_behind
@@ -98,6 +99,13 @@ def _split_host_ports(url: str) -> str:
     return urlunsplit(parts._replace(query=query))
 
 
+SQLITE_PRAGMAS = ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=30000", "synchronous=FULL")
+"""Set on every SQLite connection of a store (sync and async). ``synchronous=FULL``: in WAL mode every commit
+syncs the WAL before it returns, so the authorization is on the disk before any byte leaves; ``NORMAL``
+would leave it in the page cache until a checkpoint, and a power loss at the send would make a sent intent
+look unsent (docs/design.md#two-durable-points-per-send)."""
+
+
 def make_engine(url: str, *, pool_size: int = 8) -> Engine:
     """An engine configured for the store: SQLite in WAL with ``BEGIN IMMEDIATE`` transactions
     (write serialization), PostgreSQL through psycopg 3 with a connection pool."""
@@ -117,10 +125,8 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
         def _on_connect(dbapi_conn, _record):
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA synchronous=NORMAL")
+            for pragma in SQLITE_PRAGMAS:
+                cur.execute(f"PRAGMA {pragma}")
             cur.close()
             register_sqlite_functions(dbapi_conn)
 
@@ -135,7 +141,9 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
 
         return engine
     if url.startswith("postgresql"):
-        return sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+        engine = sa.create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+        sa.event.listen(engine, "connect", durable_commits)  # from the first connection (the migrations' too)
+        return engine
     raise ValueError(f"unsupported database URL {url!r}: use sqlite:///path or postgresql://...")
 
 

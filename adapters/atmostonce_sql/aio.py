@@ -31,8 +31,8 @@ from sqlalchemy.util import greenlet_spawn
 
 from atmostonce.errors import StoreError
 
-from . import normalize_url, open_on, split_ha_mode
-from .execution import REFUSED_SQLSTATE, Executor, MoveRefused, Pipeline
+from . import SQLITE_PRAGMAS, normalize_url, open_on, split_ha_mode
+from .execution import REFUSED_SQLSTATE, Executor, MoveRefused, Pipeline, durable_commits
 from .store import SqlStore, register_sqlite_functions
 
 __all__ = [
@@ -77,7 +77,7 @@ def make_async_engine(url: str, *, pool_size: int = 8) -> AsyncEngine:
         def _on_connect(dbapi_conn: Any, _record: Any) -> None:
             dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
             cur = dbapi_conn.cursor()
-            for pragma in ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=30000", "synchronous=NORMAL"):
+            for pragma in SQLITE_PRAGMAS:
                 cur.execute(f"PRAGMA {pragma}")
             cur.close()
             register_sqlite_functions(dbapi_conn)
@@ -87,7 +87,9 @@ def make_async_engine(url: str, *, pool_size: int = 8) -> AsyncEngine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=False)
+    sa.event.listen(engine.sync_engine, "connect", durable_commits)  # from the first connection on
+    return engine
 
 
 class AsyncExecutor(Executor):
@@ -107,6 +109,9 @@ class AsyncExecutor(Executor):
                 engine.url, isolation_level="AUTOCOMMIT", pool_size=size, max_overflow=size
             )
             self.autocommit: Engine = self._autocommit_async.sync_engine
+            for e in (engine, self.autocommit):
+                if not sa.event.contains(e, "connect", durable_commits):
+                    sa.event.listen(e, "connect", durable_commits)
         else:
             self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 

@@ -121,6 +121,27 @@ def driver_error(exc: sa.exc.DBAPIError) -> StoreError:
     return StoreError(message)
 
 
+DURABLE_COMMITS_SQL = (
+    "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
+)
+"""Run on each new PostgreSQL connection of a store: a server, database or role default of
+``synchronous_commit = off`` is raised to ``on`` for the session, so the authorization before the bytes
+waits for the disk whatever the server's defaults (docs/design.md#two-durable-points-per-send). Any other
+setting (``local``, ``remote_write``, ``remote_apply``, ``on``) is left as it is: each already waits for the
+local disk. The outcome moves still turn the wait off, each for its own transaction."""
+
+
+def durable_commits(dbapi_conn: Any, _record: Any = None) -> None:
+    """The ``connect`` listener that runs :data:`DURABLE_COMMITS_SQL` (committed, so it outlives the
+    transaction a non-autocommit connection opens for it)."""
+    cur = dbapi_conn.cursor()
+    try:
+        cur.execute(DURABLE_COMMITS_SQL)
+    finally:
+        cur.close()
+    dbapi_conn.commit()
+
+
 class Executor:
     """Connections, transactions and the driver-level sends of one store."""
 
@@ -134,6 +155,9 @@ class Executor:
             self.autocommit: Engine = sa.create_engine(
                 engine.url, isolation_level="AUTOCOMMIT", pool_size=size, max_overflow=size
             )
+            for e in (engine, self.autocommit):  # an engine made elsewhere than make_engine gets it too
+                if not sa.event.contains(e, "connect", durable_commits):
+                    sa.event.listen(e, "connect", durable_commits)
         else:
             self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 

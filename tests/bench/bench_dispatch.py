@@ -17,8 +17,8 @@ round, the systems taking turns, ``--rounds`` rounds; the table shows the median
 statements (``pg_stat_statements``, this database only), commits (``pg_stat_database.xact_commit``),
 WAL syncs (``pg_stat_wal.wal_sync``; the systems run one at a time, so the cluster-wide counter is
 theirs), client CPU (``time.process_time`` of this process). The same for SQLite: atmostonce's
-SQLite store against raw ``sqlite3`` doing the same two statements, with the store's pragmas (WAL,
-``synchronous=NORMAL``).
+SQLite store against raw ``sqlite3`` doing the same two statements, with the store's pragmas
+(``atmostonce_sql.SQLITE_PRAGMAS``: WAL, ``synchronous=FULL``).
 
 ``make bench`` installs the peers into ``build/bench-venv`` and runs this with ``--write``, which
 writes docs/performance.md. It is a measurement, not a test: nothing here asserts a speed.
@@ -44,6 +44,7 @@ import psycopg
 import atmostonce
 from atmostonce.runtime import Dispatcher
 from atmostonce.transport import Capabilities, Found, NotFound, Sent
+from atmostonce_sql import SQLITE_PRAGMAS
 from atmostonce_sql.pgserver import LocalCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -405,7 +406,7 @@ def sqlite_bench(calls: int, rounds: int) -> list[tuple[str, float, float]]:
     """atmostonce's SQLite store against raw sqlite3 doing the two statements, same pragmas."""
     folder = Path(tempfile.mkdtemp(prefix="aom-bench-"))
     raw = sqlite3.connect(folder / "raw.sqlite3", isolation_level=None, check_same_thread=False)
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+    for pragma in SQLITE_PRAGMAS:  # the store's own: every commit syncs the WAL
         raw.execute(f"PRAGMA {pragma}")
     raw.execute("CREATE TABLE raw_calls (key TEXT PRIMARY KEY, state TEXT NOT NULL, request TEXT, result TEXT)")
 
@@ -476,7 +477,7 @@ def render(results, modes, sqlite_rows, args, load_before, load_after) -> str:
         "Statements count what the server executed for the database (BEGIN and COMMIT included when a system "
         "sends them); commits include read-only transactions; WAL syncs are the durable points that cost a disk flush.",
         "",
-        "SQLite (one thread, the store's pragmas: WAL, `synchronous=NORMAL`), median of the rounds:",
+        f"SQLite (one thread, the store's pragmas: {', '.join(f'`{p}`' for p in SQLITE_PRAGMAS)}), median of the rounds:",
         "",
         "| system | calls/s | ratio to raw | client CPU per call |",
         "|---|---|---|---|",
