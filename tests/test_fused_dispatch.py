@@ -162,6 +162,47 @@ def test_a_fused_dispatch_ends_where_the_step_by_step_one_does(any_store, platfo
     assert (one.state, one.remote_id is None) == (other.state, other.remote_id is None)
 
 
+class ReadBackFailsOnce(Platform):
+    """Takes the request, then the first read-back fails (a read timeout): the object exists on the platform."""
+
+    def __init__(self, error):
+        super().__init__()
+        self.error, self.failed = error, False
+
+    def read_back(self, remote_id):
+        if not self.failed:
+            self.failed = True
+            raise self.error
+        return super().read_back(remote_id)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(Rejected("read_back", "k", "timeout", None), id="transport-error"),
+        pytest.param(KeyboardInterrupt(), id="interrupted"),
+    ],
+)
+def test_a_read_back_that_fails_after_the_send_keeps_the_success_and_its_object_id(any_store, error):
+    # the platform took the request: its object id is recorded before the failure goes up, on the fused path as
+    # on the step-by-step one, and the reconciler reads the object back by that id; nothing is sent again
+    store = any_store.store
+    ends = {}
+    for fused, target in ((True, "room-1"), (False, "room-2")):
+        it = submit(store, text=f"read back fails in {target}", target=target)
+        platform = ReadBackFailsOnce(error)
+        with pytest.raises(type(error)):
+            Dispatcher(store, platform, CONFIG, fused=fused).dispatch(it.key)
+        assert events(store, it.key)[-1] == "record_success"
+        assert store.get(it.key).remote_id == "r1"
+        any_store.advance(60)
+        Sweeper(store, CONFIG).tick()
+        Reconciler(store, platform, CONFIG).run()
+        ends[fused] = (store.get(it.key).state, store.get(it.key).remote_id, platform.sends, events(store, it.key))
+    assert ends[True] == ends[False]
+    assert ends[True][:3] == ("published", "r1", 1)
+
+
 def test_dispatching_the_submitted_intent_itself_ends_as_dispatching_its_key(any_store):
     store = any_store.store
     by_intent, by_key = submit(store, text="snapshot"), submit(store, text="by key", target="room-2")

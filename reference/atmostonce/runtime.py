@@ -292,12 +292,19 @@ class Dispatcher:
             outcome = OUTCOME.read_back_unavailable
             kw["reason"] = OUTCOME.read_back_unavailable
         else:
-            with observe.span("read_back", key=before.key, transport=self.transport.name) as sp:
-                rb = self.transport.read_back(result.remote_id)
-                outcome = read_back_outcome(self.transport, wire, rb)
-                observe.set_outcome(sp, outcome)
-            if outcome != OUTCOME.read_back_match:
-                kw = {"reason": outcome, "evidence": read_back_evidence(self.transport, wire, rb)}
+            try:
+                with observe.span("read_back", key=before.key, transport=self.transport.name) as sp:
+                    rb = self.transport.read_back(result.remote_id)
+                    outcome = read_back_outcome(self.transport, wire, rb)
+                    observe.set_outcome(sp, outcome)
+                if outcome != OUTCOME.read_back_match:
+                    kw = {"reason": outcome, "evidence": read_back_evidence(self.transport, wire, rb)}
+            except BaseException:
+                # the platform took the request: its success and object id are recorded before the read-back's
+                # failure (a timeout, a cancellation) goes up, as the step-by-step path has them by now; the lease
+                # then lapses into unknown and the reconciler reads the object back by that id
+                self._record(result.outcome, lease, remote_id=result.remote_id, response_digest=result.response_digest)
+                raise
         try:
             self.store.record_sent(
                 lease, remote_id=result.remote_id, response_digest=result.response_digest, read_back=outcome, **kw
