@@ -206,11 +206,11 @@ class Listing(MemoryStore):
         self.listed, self.refuse = 0, set(refuse)
         super().__init__(**kw)
 
-    def list_intents(self, state=None, limit=1000):
+    def list_intents(self, state=None, limit=1000, *, after=None):
         self.listed += 1
         if self.listed > 50:
             raise AssertionError("declare_restore keeps listing")
-        return super().list_intents(state=state, limit=limit)
+        return super().list_intents(state=state, limit=limit, after=after)
 
     def _move(self, event, key, args):
         if event == "restore_fence" and key in self.refuse:

@@ -613,7 +613,7 @@ def test_reconciler_run_defers_every_recent_intent_and_goes_on_to_the_due_ones()
     old = unknown(base, text="old")
     clock.advance(10)
     recent = [unknown(base, text=f"recent{i}") for i in range(2)]
-    spy = Spy(base, list_intents=lambda state, limit: [recent[0], recent[1], old])
+    spy = Spy(base, list_intents=lambda state, limit, after=None: [recent[0], recent[1], old])
     r = Reconciler(spy, Platform(Capabilities()), RuntimeConfig(reconcile_interval=5, first_look_after=5))
     assert r.run() == {"deferred": 2, "lookup.unsupported": 1}
     assert base.get(old.key).state == "parked" and base.get(recent[0].key).state == "indeterminate"

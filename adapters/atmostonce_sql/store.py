@@ -1100,11 +1100,13 @@ class SqlStore(SqlClaims, Operations):
             raise UnknownIntent("get", key, INTENT_EXISTS, None)
         return it
 
-    def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
+    def list_intents(self, state: str | None = None, limit: int = 1000, *, after: str | None = None) -> list[Intent]:
         check_limit(limit)
         q = sa.select(intents, store_epoch()).order_by(intents.c.created_at, intents.c.key).limit(limit)
         if state is not None:
             q = q.where(intents.c.state == state)
+        if after is not None:
+            q = q.where(_after(after))
         with self._tx() as conn:
             return [self._intent(r) for r in conn.execute(q).mappings()]
 
@@ -1259,9 +1261,10 @@ class SqlStore(SqlClaims, Operations):
         with self._tx() as conn:
             return [self._intent(r) for r in conn.execute(q).mappings()]
 
-    def claimable(self, limit: int = 100) -> list[str]:
+    def claimable(self, limit: int = 100, *, after: str | None = None) -> list[str]:
         """Keys of intents in the initial state with no open attempt whose source (if any) is still the
-        head: the freshness fence runs before any expensive work (candidates for ``begin``)."""
+        head: the freshness fence runs before any expensive work (candidates for ``begin``), oldest first;
+        ``after``: only those after that intent (creation time, then key)."""
         check_limit(limit)
         head = sa.select(sources.c.head_version).where(sources.c.source_id == intents.c.source_id).scalar_subquery()
         q = (
@@ -1271,15 +1274,24 @@ class SqlStore(SqlClaims, Operations):
                 intents.c.attempt_token.is_(None),
                 sa.or_(intents.c.source_version.is_(None), intents.c.source_version == head),
             )
-            .order_by(intents.c.created_at)
+            .order_by(intents.c.created_at, intents.c.key)
             .limit(limit)
         )
+        if after is not None:
+            q = q.where(_after(after))
         with self._tx() as conn:
             return list(conn.execute(q).scalars())
 
     def total_attempts(self) -> int:
         with self._tx() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(attempts)).scalar_one())
+
+
+def _after(key: str) -> sa.ColumnElement[bool]:
+    """Rows after the intent ``key`` in (creation time, key) order; none when no intent has that key."""
+    other = intents.alias("after_row")
+    ref = sa.select(other.c.created_at).where(other.c.key == key).scalar_subquery()
+    return sa.or_(intents.c.created_at > ref, sa.and_(intents.c.created_at == ref, intents.c.key > key))
 
 
 def _evidence(r: Mapping[str, Any] | RowMapping) -> Evidence:

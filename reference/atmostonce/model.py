@@ -537,12 +537,23 @@ class MemoryStore(MemoryClaims, Operations):
             row = self._rows.get(key)
             return None if row is None else self._intent(row)
 
-    def list_intents(self, state: str | None = None, limit: int = 1000) -> list[Intent]:
+    def list_intents(self, state: str | None = None, limit: int = 1000, *, after: str | None = None) -> list[Intent]:
         check_limit(limit)
         with self._lock:
             rows = [r for r in self._rows.values() if state is None or r["state"] == state]
             rows.sort(key=lambda r: (r["created_at"], r["key"]))
-            return [self._intent(r) for r in rows[:limit]]
+            return [self._intent(r) for r in self._after(rows, after)[:limit]]
+
+    def _after(self, rows: list[dict[str, Any]], after: str | None) -> list[dict[str, Any]]:
+        """The rows (sorted by creation time, then key) that come after the intent ``after`` in that order; none
+        when no intent has that key (as the SQL stores' comparison with a missing row selects none)."""
+        if after is None:
+            return rows
+        ref = self._rows.get(after)
+        if ref is None:
+            return []
+        mark = (ref["created_at"], after)
+        return [r for r in rows if (r["created_at"], r["key"]) > mark]
 
     def count_by_state(self) -> dict[str, int]:
         with self._lock:
@@ -589,8 +600,9 @@ class MemoryStore(MemoryClaims, Operations):
             rows.sort(key=lambda r: r["lease_expires_at"])
             return [self._intent(r) for r in rows[:limit]]
 
-    def claimable(self, limit: int = 100) -> list[str]:
-        """Keys of intents in the initial state with no open attempt (candidates for ``begin``)."""
+    def claimable(self, limit: int = 100, *, after: str | None = None) -> list[str]:
+        """Keys of intents in the initial state with no open attempt (candidates for ``begin``), oldest first;
+        ``after``: only those after that intent (creation time, then key)."""
         check_limit(limit)
         with self._lock:
             rows = [
@@ -601,7 +613,7 @@ class MemoryStore(MemoryClaims, Operations):
                 and (r["source_version"] is None or self.source_heads.get(r["source_id"]) == r["source_version"])
             ]
             rows.sort(key=lambda r: (r["created_at"], r["key"]))
-            return [r["key"] for r in rows[:limit]]
+            return [r["key"] for r in self._after(rows, after)[:limit]]
 
     def total_attempts(self) -> int:
         with self._lock:

@@ -15,15 +15,16 @@ unknown outcome.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import observe
-from .errors import SOURCE_STATE, AtMostOnceError, GuardRefused, NotVerified, Rejected, RetractionUnsupported
+from .errors import SOURCE_STATE, GuardRefused, NotVerified, Rejected, RetractionUnsupported
 from .identity import canonical_json, request_digest
 from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .protocols import MaintenanceStore, OperatorStore, WorkerStore
@@ -69,7 +70,10 @@ class RuntimeConfig:
     ``reconcile_interval`` (seconds, store clock) spaces the lookups of one intent, so a
     platform's read lag does not burn the reconcile budget in one burst; the first look at an unknown
     send is not spaced but made ``first_look_after`` seconds after the move that made it unknown
-    (default 0: at once, on the next reconciler pass)."""
+    (default 0: at once, on the next reconciler pass). A lookup that fails (the platform errs, the answer
+    cannot be read) writes nothing; the same intent is looked up again ``lookup_error_backoff`` seconds
+    later, doubling with each failure in a row up to ``lookup_error_backoff_max``, so a platform that keeps
+    failing is not asked again on every pass."""
 
     lease_seconds: float = 30.0
     send_lease_seconds: float = 60.0
@@ -78,6 +82,37 @@ class RuntimeConfig:
     reconcile_batch: int = 50
     reconcile_interval: float = 1.0
     first_look_after: float = 0.0
+    lookup_error_backoff: float = 1.0
+    lookup_error_backoff_max: float = 60.0
+
+
+_T = TypeVar("_T")
+
+log = logging.getLogger("atmostonce.runtime")
+
+
+class RoundRobin(Generic[_T]):
+    """Pages of a queue read in turn: ``page(limit, after)`` returns up to ``limit`` items in the queue's order
+    after the item whose key is ``after`` (from the start when ``None``); each call here continues after the
+    last item the previous call returned, and starts again from the start once a page comes back short. So
+    items that only wait at the head of the queue (an account whose kill switch is on, drafts awaiting
+    approval, lookups that keep failing) cannot keep the ones behind them from ever being offered: every item
+    is offered once per round. Thread-safe: callers share the position."""
+
+    def __init__(self, page: Callable[[int, str | None], Sequence[_T]], key: Callable[[_T], str]):
+        self.page, self.key = page, key
+        self._after: str | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, limit: int) -> list[_T]:
+        with self._lock:
+            after = self._after
+        items = list(self.page(limit, after))
+        if after is not None and not items:  # past the end (or the item it stood on left the queue)
+            items = list(self.page(limit, None))
+        with self._lock:
+            self._after = self.key(items[-1]) if items and len(items) >= limit else None
+        return items
 
 
 def wire_request(intent: Intent) -> WireRequest:
@@ -547,6 +582,30 @@ class Reconciler:
     store: MaintenanceStore
     transport: Transport
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    lookup_errors: dict[str, tuple[int, float, str]] = field(default_factory=dict, init=False, repr=False)
+    """Intents whose last lookup failed: key -> (failures in a row, store time of the last, the error's text).
+    Cleared for a key once a lookup of it succeeds; the reconciler's memory only, nothing is stored."""
+    _pages: RoundRobin[Intent] | None = field(default=None, init=False, repr=False)
+
+    def _unknown(self, limit: int) -> list[Intent]:
+        """The next ``limit`` unknown intents, in turn (:class:`RoundRobin`)."""
+        if self._pages is None:
+            self._pages = RoundRobin(
+                lambda n, after: self.store.list_intents(state=STATE.indeterminate, limit=n, after=after),
+                lambda it: it.key,
+            )
+        return self._pages(limit)
+
+    def _error_wait(self, key: str, now: float) -> bool:
+        """Whether ``key``'s last lookup failed too recently to ask the platform again."""
+        failed = self.lookup_errors.get(key)
+        if failed is None:
+            return False
+        failures, at, _ = failed
+        wait = min(
+            self.config.lookup_error_backoff_max, self.config.lookup_error_backoff * 2.0 ** min(failures - 1, 60)
+        )
+        return now - at < wait
 
     def _drifted(self, it: Intent) -> bool:
         d = it.descriptor
@@ -653,21 +712,24 @@ class Reconciler:
             return out
         now = self.store.now()
         looks: list[tuple[Intent, str, dict[str, Any], str]] = []
-        for state in (STATE.indeterminate,):
-            for it in self.store.list_intents(state=state, limit=limit):
-                wait = self.config.reconcile_interval if it.reconcile_count else self.config.first_look_after
-                if now - it.updated_at < wait:
-                    out["deferred"] = out.get("deferred", 0) + 1
-                    continue
-                try:
-                    with observe.span("lookup", key=it.key, transport=self.transport.name) as sp:
-                        event, kw, name = self._look(it)
-                        observe.set_outcome(sp, name)
-                except AtMostOnceError:  # the lookup itself failed: no evidence, nothing written
-                    observe.record_lookup(OUTCOME.lookup_error)
-                    out[OUTCOME.lookup_error] = out.get(OUTCOME.lookup_error, 0) + 1
-                    continue
-                looks.append((it, event, kw, name))
+        for it in self._unknown(limit):
+            wait = self.config.reconcile_interval if it.reconcile_count else self.config.first_look_after
+            if now - it.updated_at < wait or self._error_wait(it.key, now):
+                out["deferred"] = out.get("deferred", 0) + 1
+                continue
+            try:
+                with observe.span("lookup", key=it.key, transport=self.transport.name) as sp:
+                    event, kw, name = self._look(it)
+                    observe.set_outcome(sp, name)
+            except Exception as exc:  # the lookup itself failed (any transport's error): no evidence, nothing written
+                failures = self.lookup_errors.get(it.key, (0, now, ""))[0] + 1
+                self.lookup_errors[it.key] = (failures, now, f"{type(exc).__name__}: {exc}")
+                log.warning("lookup of %s failed (%d in a row): %s: %s", it.key, failures, type(exc).__name__, exc)
+                observe.record_lookup(OUTCOME.lookup_error)
+                out[OUTCOME.lookup_error] = out.get(OUTCOME.lookup_error, 0) + 1
+                continue
+            self.lookup_errors.pop(it.key, None)
+            looks.append((it, event, kw, name))
         for res in self._record(looks):
             name = "skipped" if isinstance(res, Rejected) else res
             if name != "skipped":
@@ -775,6 +837,10 @@ class Worker(threading.Thread):
                     self.on_result(key, exc)
                     did = True
                 except Exception as exc:  # a store or platform failure: report it, keep the worker alive
+                    self.on_result(key, exc)
+                except BaseException as exc:  # noqa: BLE001 - a transport's cancellation, interrupt or exit raised
+                    # in this thread: nothing signals a worker thread but its stop event, so this came out of the
+                    # send; its fate is unknown (the lease settles it). Reported; the worker must not die of it
                     self.on_result(key, exc)
             if not did:
                 self._idle()

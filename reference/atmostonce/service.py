@@ -32,6 +32,7 @@ from .records import Intent
 from .runtime import (
     Dispatcher,
     Reconciler,
+    RoundRobin,
     RuntimeConfig,
     SimulatedCrash,
     Sweeper,
@@ -277,10 +278,13 @@ class Outbox:
                     on_tick(self.report())
                 if until_idle and healthy:
                     seen = self._quiet(-math.inf if quiet_since is None else quiet_since)
-                    if seen and quiet_since is not None:
+                    if seen is None:  # work left to do
+                        quiet_since = None
+                    elif quiet_since is None:  # quiet once: every waiting intent must be offered again since
+                        quiet_since = now
+                    elif seen:  # ... and it was, and waited again: nothing is left to do
                         idle = True
                         break
-                    quiet_since = now if seen else None
                 if deadline is not None and time.monotonic() >= deadline:
                     break
                 self._stop.wait(step)
@@ -327,6 +331,9 @@ class Outbox:
         with self._lock:
             self._report.idle, self._report.still_running = False, 0
         batch = self.poll_batch
+        # the workers read the queue in turn, together: intents that only wait at its head (a paused account,
+        # drafts awaiting approval) cannot keep the ones behind them from being dispatched
+        queue: RoundRobin[str] = RoundRobin(lambda n, after: self.store.claimable(n, after=after), lambda k: k)
         self._wakes = [threading.Event() for _ in range(self.workers)]
         self._threads = [
             Worker(
@@ -339,7 +346,7 @@ class Outbox:
                     credential_version=self.credential_version,
                     owner=f"{self.owner}-{i}",
                 ),
-                lambda: self.store.claimable(batch),
+                lambda: queue(batch),
                 stop=self._stop,
                 on_result=self._on_result,
                 on_error=lambda exc: self._on_failure("poll", exc),
@@ -400,14 +407,16 @@ class Outbox:
                 (self._report.swept if where == "sweep" else self._report.reconciled).update(counts)
         return ok
 
-    def _quiet(self, since: float) -> bool:
-        """Nothing in flight, unknown or retryable, no begun attempt, and each claimable intent's last dispatch
-        (at or after ``since``, monotonic seconds) gave a :func:`held_outcomes` outcome. Store errors: ``False``."""
+    def _quiet(self, since: float) -> bool | None:
+        """``None`` while there is work: an intent in flight, unknown or retryable, a begun attempt, or a claimable
+        intent whose last dispatch did not give a :func:`held_outcomes` outcome (or that was never offered), and
+        on a store error. Otherwise whether every claimable intent was last offered at or after ``since``
+        (monotonic seconds): ``False`` while some still wait to be offered again."""
         t = self.store.table
         try:
             counts = self.store.count_by_state()
             if any(counts.get(s, 0) for s in (STATE.authorized, STATE.indeterminate, STATE.failed)):
-                return False
+                return None
             pending = counts.get(STATE.pending, 0)
             if not pending:
                 return True
@@ -415,14 +424,16 @@ class Outbox:
             if len(claimable) < pending:  # begun (a lease runs) or held by the freshness fence
                 listed = self.store.list_intents(state=STATE.pending, limit=pending)
                 if any(it.attempt_token is not None for it in listed):
-                    return False
+                    return None
         except Exception as exc:
             self._on_failure("poll", exc)
-            return False
+            return None
         with self._lock:
             last = [self._last.get(k) for k in claimable]
         held = held_outcomes(t)
-        return all(x is not None and x[0] in held and x[1] >= since for x in last)
+        if any(x is None or x[0] not in held for x in last):
+            return None
+        return all(x is not None and x[1] >= since for x in last)
 
 
 def open_outbox(

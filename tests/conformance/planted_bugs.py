@@ -317,13 +317,13 @@ class PlantedStore(MemoryStore):
             out = [i for i in out if i.lease_expires_at is not None and i.lease_expires_at < now]
         return out
 
-    def claimable(self, limit=100):
+    def claimable(self, limit=100, *, after=None):
         if self.bug != "claimable-offers-stale-sources":
-            return super().claimable(limit)
+            return super().claimable(limit, after=after)
         with self._lock:
             rows = [r for r in self._rows.values() if r["state"] == self.table.initial and r["attempt_token"] is None]
             rows.sort(key=lambda r: (r["created_at"], r["key"]))
-            return [r["key"] for r in rows[:limit]]
+            return [r["key"] for r in self._after(rows, after)[:limit]]
 
     # -- records -----------------------------------------------------------------------------
     def refusals(self, key):
