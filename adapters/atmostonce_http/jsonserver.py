@@ -25,7 +25,20 @@ import httpx
 from .profile import load_profile
 
 VERSION = "0.17.4"
-__all__ = ["INSTALL_HINT", "VERSION", "JsonServer", "installed", "json_server_profile", "posts_by_key", "prefix"]
+PAGED_VERSION = "1.0.0-beta.3"
+"""json-server's 1.0 line, whose paginated reads (``GET /posts?key=K&_page=1&_per_page=1``) wrap the filtered array as
+``{"first": ..., "items": N, "data": [...]}``: the wrapped lookup answer of many REST APIs, from a server nobody
+here wrote (``JsonServer(folder, version=PAGED_VERSION)``)."""
+__all__ = [
+    "INSTALL_HINT",
+    "PAGED_VERSION",
+    "VERSION",
+    "JsonServer",
+    "installed",
+    "json_server_profile",
+    "posts_by_key",
+    "prefix",
+]
 
 INSTALL_HINT = (
     f"json-server {VERSION} runs on node: install node and npm (Debian: apt-get install nodejs npm), then "
@@ -33,20 +46,22 @@ INSTALL_HINT = (
 )
 
 
-def prefix() -> Path:
-    """Where json-server is installed: ``$ATMOSTONCE_NPM_PREFIX``, else ``build/npm/`` of the source tree."""
+def prefix(version: str = VERSION) -> Path:
+    """Where json-server ``version`` is installed: under ``$ATMOSTONCE_NPM_PREFIX``, else ``build/npm/`` of the
+    source tree."""
     if os.environ.get("ATMOSTONCE_NPM_PREFIX"):
-        return Path(os.environ["ATMOSTONCE_NPM_PREFIX"]) / f"json-server-{VERSION}"
+        return Path(os.environ["ATMOSTONCE_NPM_PREFIX"]) / f"json-server-{version}"
     root = Path(__file__).resolve().parents[2]
     base = (
         root / "build" / "npm" if (root / "pyproject.toml").is_file() else Path.home() / ".cache" / "atmostonce" / "npm"
     )
-    return base / f"json-server-{VERSION}"
+    return base / f"json-server-{version}"
 
 
-def installed() -> Path:
-    """The json-server executable, installing it first when missing. Raises ``RuntimeError`` without node/npm."""
-    where = prefix()
+def installed(version: str = VERSION) -> Path:
+    """The json-server executable of ``version``, installing it first when missing. Raises ``RuntimeError``
+    without node/npm."""
+    where = prefix(version)
     exe = where / "node_modules" / ".bin" / "json-server"
     if exe.exists() and shutil.which("node") is not None:
         return exe
@@ -66,7 +81,7 @@ def installed() -> Path:
                     "--silent",
                     "--prefix",
                     str(where),
-                    f"json-server@{VERSION}",
+                    f"json-server@{version}",
                 ],
                 check=True,
                 timeout=300,
@@ -81,20 +96,23 @@ def _free_port() -> int:
 
 
 class JsonServer:
-    """One json-server process on loopback with an empty ``posts`` collection; a context manager."""
+    """One json-server process on loopback with an empty ``posts`` collection; a context manager. ``version``:
+    the npm package's version (:data:`VERSION`, or :data:`PAGED_VERSION` for wrapped paginated reads)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, version: str = VERSION):
         self.folder = folder
+        self.version = version
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> JsonServer:
-        exe = installed()
+        exe = installed(self.version)
         db = self.folder / "db.json"
         db.write_text('{"posts": []}', encoding="utf-8")
+        quiet = ["--quiet"] if self.version.startswith("0.") else []  # the 1.0 line has no such option
         self.proc = subprocess.Popen(
-            [str(exe), "--host", "127.0.0.1", "--port", str(self.port), "--quiet", str(db)],
+            [str(exe), "--host", "127.0.0.1", "--port", str(self.port), *quiet, str(db)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             cwd=self.folder,

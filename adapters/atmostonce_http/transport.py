@@ -149,6 +149,10 @@ class HttpPlatformConfig:
     * ``lookup_id_pointer`` / ``lookup_body_pointer``: the id and the body in a lookup response (``None``:
       ``id_pointer`` and ``body_pointer``). A lookup answering a JSON array (a filtered collection, as
       ``GET /posts?key=...`` on most REST servers) is read as its first element; an empty array is "not found".
+    * ``lookup_collection_pointer``: where that array sits when the platform wraps it (``"/data"`` for
+      ``{"data": [...]}``, ``"/results"``, ...); the id and body pointers then point into its first element.
+      An answer without an array there is an error of the lookup, never "not found". ``None``: the answer
+      itself (an array, or the object found).
     * ``idempotency_header``: header carrying the idempotency key (``None``: not sent).
     * ``key_field``: pointer at which the idempotency key is embedded in the body (``None``: not embedded).
     * ``may_exist_statuses``: 4xx codes meaning "may already exist" (classified unknown).
@@ -180,6 +184,7 @@ class HttpPlatformConfig:
     projection: tuple[tuple[str, str], ...] = ()
     lookup_id_pointer: str | None = None
     lookup_body_pointer: str | None = None
+    lookup_collection_pointer: str | None = None
     idempotency_header: str | None = "Idempotency-Key"
     key_field: str | None = None
     may_exist_statuses: tuple[int, ...] = (409,)
@@ -219,7 +224,7 @@ class HttpPlatformConfig:
                 raise ValueError("set id_pointer or id_from_location=True")
             split_pointer(self.id_pointer)
         split_pointer(self.body_pointer)
-        for name in ("lookup_id_pointer", "lookup_body_pointer"):
+        for name in ("lookup_id_pointer", "lookup_body_pointer", "lookup_collection_pointer"):
             if getattr(self, name) is not None:
                 split_pointer(getattr(self, name))
         object.__setattr__(self, "projection", check_projection(self.projection))
@@ -483,11 +488,17 @@ class _HttpCore:
             doc = json.loads(response.content)
         except ValueError as exc:
             raise HttpTransportError("lookup answered 200 with a body that is not JSON", 200) from exc
+        cfg = self.config
+        if cfg.lookup_collection_pointer is not None:  # a collection the platform wraps: {"data": [...]}
+            doc = pointer_get(doc, cfg.lookup_collection_pointer)
+            if not isinstance(doc, list):
+                raise HttpTransportError(
+                    f"lookup answered 200 without an array at {cfg.lookup_collection_pointer!r}", 200
+                )
         if isinstance(doc, list):  # a filtered collection: nothing in it is "not found", never an error
             if not doc:
                 return NotFound("HTTP 200, empty list")
             doc = doc[0]
-        cfg = self.config
         pointer = cfg.lookup_id_pointer or (cfg.id_pointer if cfg.id_pointer is not None else "/id")
         remote_id = _usable_id(pointer_get(doc, pointer))
         if remote_id is None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig
+from atmostonce.identity import platform_idempotency_key
+from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, wire_request
 from atmostonce_http import HttpTransport
 from atmostonce_http.transport import HttpPlatformConfig
 from tests.http.jsonserver import JsonServer, profile
@@ -104,3 +105,51 @@ def test_a_lookup_profile_reads_a_filtered_array_with_its_own_pointers(server):
     cfg = HttpPlatformConfig.from_mapping(profile(server.url, lookup_id_pointer="/key", projection={"/text": "/body"}))
     assert cfg.projection == (("/text", "/body"),)
     assert HttpPlatformConfig.from_mapping(cfg.as_mapping()) == cfg
+
+
+@pytest.fixture
+def paged_server(tmp_path):
+    from tests.http.jsonserver import PAGED_VERSION
+
+    with JsonServer(tmp_path, version=PAGED_VERSION) as s:
+        yield s
+
+
+def _paged(server, **overrides):
+    """json-server 1.0's paginated read of the key's posts answers {"first": ..., "items": N, "data": [...]}."""
+    return profile(server.url, lookup_path="/posts?key={key}&_page=1&_per_page=1", **overrides)
+
+
+def test_a_lookup_that_wraps_its_collection_settles_unknown_sends_both_ways(paged_server, sql_store):
+    # two sends whose answers were lost: one reached the platform, one did not; the wrapped lookup finds the first
+    # and reports the second not found, instead of failing on {"data": []} and leaving it unknown for good
+    config = RuntimeConfig(reconcile_interval=0.0)
+    with HttpTransport(_paged(paged_server, lookup_collection_pointer="/data")) as t:
+        landed = sql_store.submit("acct", "post", "room-1", {"text": "landed"}, max_reconciles=1)
+        lost = sql_store.submit("acct", "post", "room-2", {"text": "never arrived"}, max_reconciles=1)
+        for it in (landed, lost):
+            lease = sql_store.begin(it.key)
+            sql_store.authorize_dispatch(lease, request_digest=it.request_digest)
+            if it is landed:  # the request reached json-server; its answer was lost on the way back
+                t.send(wire_request(sql_store.get(it.key)))
+            sql_store.record_unknown(lease, reason="read timeout")
+        assert Reconciler(sql_store, t, config).run() == {"lookup.found": 1, "lookup.not_found": 1}
+    assert sql_store.get(landed.key).state == "published"
+    assert sql_store.get(lost.key).state == "indeterminate"
+    assert _by_key(paged_server) == {platform_idempotency_key(landed.key, 0, 0): 1}
+
+
+def test_a_wrapped_lookup_without_its_collection_pointer_is_an_error_never_not_found(paged_server):
+    from atmostonce.transport import Found, NotFound, WireRequest
+    from atmostonce_http.transport import HttpTransportError
+
+    with HttpTransport(_paged(paged_server)) as t:  # the wrapper read as the object found: no usable id
+        with pytest.raises(HttpTransportError):
+            t.lookup("dk-absent")
+    with HttpTransport(_paged(paged_server, lookup_collection_pointer="/data")) as t:
+        sent = t.send(WireRequest(body={"text": "hello"}, delivery_key="dk-1"))
+        assert t.lookup("dk-1") == Found(sent.remote_id, {"text": "hello", "key": "dk-1", "id": sent.remote_id})
+        assert isinstance(t.lookup("dk-absent"), NotFound)
+    with HttpTransport(_paged(paged_server, lookup_collection_pointer="/items")) as t:  # a number, not an array
+        with pytest.raises(HttpTransportError):
+            t.lookup("dk-1")
