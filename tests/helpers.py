@@ -2,7 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
 from atmostonce.records import Intent, Lease
+
+
+@contextlib.contextmanager
+def crashable_cluster(name: str) -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster that pays for durability (fsync on) and whose WAL writer sleeps 10 s, so a
+    commit that did not wait for the disk is lost when the test crashes the server (``cluster.stop()`` is
+    ``pg_ctl stop -m immediate``; ``cluster.start()`` recovers it). Yields the started cluster; removes it after."""
+    from atmostonce_sql.pgserver import LocalCluster
+
+    parent = tempfile.mkdtemp(prefix=f"atmostonce-{name}-", dir="/tmp")
+    os.chmod(parent, 0o755)
+    cluster = LocalCluster(
+        os.path.join(parent, "pg"), remove_on_stop=False, fsync=True, settings={"wal_writer_delay": "10s"}
+    ).start()
+    try:
+        yield cluster
+    finally:
+        cluster.remove_on_stop = True
+        cluster.stop()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def submit(store, text="hello", account="acct", kind="post", target="room-1", **kw) -> Intent:

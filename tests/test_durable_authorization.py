@@ -9,15 +9,12 @@ every stronger setting alone.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
 import psycopg
 import pytest
 
 from atmostonce.errors import AtMostOnceError
 from atmostonce.runtime import Dispatcher
+from tests.helpers import crashable_cluster
 
 pytestmark = pytest.mark.postgres
 
@@ -86,40 +83,32 @@ def test_an_authorization_survives_a_server_crash_at_the_send_on_a_database_set_
     still there after the restart, so no worker can send the intent again."""
     from atmostonce_function import FunctionTransport
     from atmostonce_sql import open_store
-    from atmostonce_sql.pgserver import LocalCluster
 
-    parent = tempfile.mkdtemp(prefix="atmostonce-durable-auth-", dir="/tmp")
-    os.chmod(parent, 0o755)
-    cluster = LocalCluster(
-        os.path.join(parent, "pg"), remove_on_stop=False, fsync=True, settings={"wal_writer_delay": "10s"}
-    ).start()
     store = None
     sent: list[str] = []
-    try:
-        url = cluster.create_database("durable")
-        _database_default(url, "off")
-        store = open_store(url)
-        intent = store.submit("acct", "post", "room-1", {"text": "one send only"})
+    with crashable_cluster("durable-auth") as cluster:
+        try:
+            url = cluster.create_database("durable")
+            _database_default(url, "off")
+            store = open_store(url)
+            intent = store.submit("acct", "post", "room-1", {"text": "one send only"})
 
-        def send(request):
-            sent.append(request.idempotency_key)
-            cluster.stop()  # the server crashes while the platform has the request
-            return {"id": "obj-1"}
+            def send(request):
+                sent.append(request.idempotency_key)
+                cluster.stop()  # the server crashes while the platform has the request
+                return {"id": "obj-1"}
 
-        transport = FunctionTransport(send, read_back=lambda rid: {"text": "one send only"})
-        with pytest.raises(AtMostOnceError):  # the outcome cannot be written: the server is gone
-            Dispatcher(store, transport).dispatch(intent)
-        store.close()
-        cluster.start()
-        store = open_store(url, migrate=False)
-        assert store.get(intent.key).state == "authorized"  # in flight under its lease, never queued again
-        assert [h.event for h in store.history(intent.key)][-1] == "authorize_dispatch"
-        with pytest.raises(AtMostOnceError):
-            Dispatcher(store, transport).dispatch(intent.key)
-        assert len(sent) == 1
-    finally:
-        if store is not None:
+            transport = FunctionTransport(send, read_back=lambda rid: {"text": "one send only"})
+            with pytest.raises(AtMostOnceError):  # the outcome cannot be written: the server is gone
+                Dispatcher(store, transport).dispatch(intent)
             store.close()
-        cluster.remove_on_stop = True
-        cluster.stop()
-        shutil.rmtree(parent, ignore_errors=True)
+            cluster.start()
+            store = open_store(url, migrate=False)
+            assert store.get(intent.key).state == "authorized"  # in flight under its lease, never queued again
+            assert [h.event for h in store.history(intent.key)][-1] == "authorize_dispatch"
+            with pytest.raises(AtMostOnceError):
+                Dispatcher(store, transport).dispatch(intent.key)
+            assert len(sent) == 1
+        finally:
+            if store is not None:
+                store.close()

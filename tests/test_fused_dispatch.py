@@ -5,9 +5,6 @@ waiting for the disk."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import threading
 
 import psycopg
@@ -17,7 +14,7 @@ from atmostonce import GuardRefused, IntakeError, Rejected
 from atmostonce.errors import SOURCE_STATE
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper
 from atmostonce.transport import Capabilities, Found, NotFound, NotSent, Sent, Unknown
-from tests.helpers import submit
+from tests.helpers import crashable_cluster, submit
 
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
 
@@ -425,44 +422,36 @@ def test_an_outcome_lost_in_a_database_crash_is_settled_by_reconciliation_and_ne
     the intent again."""
     from atmostonce_http import HttpTransport, PlatformSink, sink_config
     from atmostonce_sql import open_store
-    from atmostonce_sql.pgserver import LocalCluster
     from atmostonce_sql.testing import age_leases
 
-    parent = tempfile.mkdtemp(prefix="atmostonce-async-outcome-", dir="/tmp")
-    os.chmod(parent, 0o755)
-    cluster = LocalCluster(
-        os.path.join(parent, "pg"), remove_on_stop=False, fsync=True, settings={"wal_writer_delay": "10s"}
-    ).start()
     store = None
-    try:
-        url = cluster.create_database("crash")
-        store = open_store(url)
-        with PlatformSink(dedupe=False, fenced_lookup=True) as sink:
-            cfg = sink_config(sink.url, key_field="/delivery_key", lookup_fenced=True)
-            with HttpTransport(cfg) as transport:
-                keys = [submit(store, text=f"crash {i}", target=f"room-{i}").key for i in range(5)]
-                d = Dispatcher(store, transport, CONFIG)
-                assert [d.dispatch(k) for k in keys] == ["read_back.match"] * 5
+    with crashable_cluster("async-outcome") as cluster:
+        try:
+            url = cluster.create_database("crash")
+            store = open_store(url)
+            with PlatformSink(dedupe=False, fenced_lookup=True) as sink:
+                cfg = sink_config(sink.url, key_field="/delivery_key", lookup_fenced=True)
+                with HttpTransport(cfg) as transport:
+                    keys = [submit(store, text=f"crash {i}", target=f"room-{i}").key for i in range(5)]
+                    d = Dispatcher(store, transport, CONFIG)
+                    assert [d.dispatch(k) for k in keys] == ["read_back.match"] * 5
+                    store.close()
+                    cluster.stop()  # pg_ctl stop -m immediate: the server crashes, WAL buffers are gone
+                    cluster.start()
+                    store = open_store(url, migrate=False)
+                    after = {k: store.get(k).state for k in keys}
+                    assert set(after.values()) <= {"published", "authorized"}
+                    for k in keys:
+                        hist = events(store, k)
+                        assert hist[-1] in ("confirm_read_back", "authorize_dispatch")
+                    age_leases(store, 60)
+                    Sweeper(store, CONFIG).tick()
+                    Reconciler(store, transport, CONFIG).run()
+                    assert {k: store.get(k).state for k in keys} == dict.fromkeys(keys, "published")
+                    assert sink.creates_by_key == dict.fromkeys(keys, 1)  # nothing sent twice
+        finally:
+            if store is not None:
                 store.close()
-                cluster.stop()  # pg_ctl stop -m immediate: the server crashes, WAL buffers are gone
-                cluster.start()
-                store = open_store(url, migrate=False)
-                after = {k: store.get(k).state for k in keys}
-                assert set(after.values()) <= {"published", "authorized"}
-                for k in keys:
-                    hist = events(store, k)
-                    assert hist[-1] in ("confirm_read_back", "authorize_dispatch")
-                age_leases(store, 60)
-                Sweeper(store, CONFIG).tick()
-                Reconciler(store, transport, CONFIG).run()
-                assert {k: store.get(k).state for k in keys} == dict.fromkeys(keys, "published")
-                assert sink.creates_by_key == dict.fromkeys(keys, 1)  # nothing sent twice
-    finally:
-        if store is not None:
-            store.close()
-        cluster.remove_on_stop = True
-        cluster.stop()
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _dsn(url: str) -> str:
