@@ -749,6 +749,7 @@ inline ci_resend() {
        t_from = i_st[k];
        /* effect bump_resend_epoch */ skip;
        /* effect grant_attempt */ skip;
+       /* effect release_text_slot */ skip;
        i_st[k] = pending;
        if
        :: t_app ->
@@ -1675,7 +1676,7 @@ inline ev_resolve_not_sent() {
 
 /* resend (operator, human): parked -> pending
    guards: operator_identified
-   effects: bump_resend_epoch, grant_attempt
+   effects: bump_resend_epoch, grant_attempt, release_text_slot
    source: docs/design.md#resend-epoch (deliberate re-send carries a resend epoch) */
 inline ev_resend() {
   d_step {
@@ -1694,6 +1695,8 @@ inline ev_resend() {
        :: op_named && g_cap < g_begins + 1 -> g_cap = g_begins + 1
        :: else -> skip
        fi;
+       /* effect release_text_slot */
+       txt_ours = 0;
        state = pending;
        assert(!P4_terminal_left_only_by_operator || !(t_from == published || t_from == parked) || op_named);
        if :: op_named -> excuse_all() :: else -> skip fi;

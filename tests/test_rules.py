@@ -271,6 +271,23 @@ def test_resend_bumps_the_resend_epoch_and_grants_one_attempt(any_store):
     s.begin(it.key)
 
 
+def test_an_operators_resend_of_an_unknown_send_is_not_refused_by_that_sends_own_text_slot(any_store):
+    # the first send's answer was lost: its text slot stays claimed (an unknown outcome keeps it); an operator
+    # looked, parked it and resends: the resend frees that slot and its authorization claims a fresh one, while
+    # another intent of the same text is still refused by the new slot (docs/design.md#the-duplicate-text-window)
+    s = any_store.store
+    it, lease = to_state(s, "authorized", text="the same words")
+    s.record_unknown(lease, reason="read timeout")
+    s.park(it.key, operator="alice")
+    s.resend(it.key, operator="alice")
+    lease, authorized = s.begin_and_authorize(it.key, request_digest=it.request_digest)
+    assert authorized.state == "authorized"
+    other = submit(s, text="the same words", target="room-2")
+    with pytest.raises(GuardRefused) as refused:
+        s.begin_and_authorize(other.key, request_digest=other.request_digest)
+    assert refused.value.guard == "text_window_clear"
+
+
 def test_resend_forgets_the_remote_id_of_the_earlier_epoch(any_store):
     """A remote id names an object of the resend epoch it was sent under; after a resend a
     read-back by it would prove nothing about the new epoch (docs/formal.md, restores)."""
