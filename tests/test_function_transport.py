@@ -470,7 +470,8 @@ def test_send_answers_are_read_as_an_id_an_object_or_a_result():
     sent = FunctionTransport(lambda r: {"id": "m-1", "status": "queued"}).send(wire)
     assert isinstance(sent, Sent) and sent.remote_id == "m-1" and sent.response_digest
     assert FunctionTransport(lambda r: {"ok": True}, remote_id=lambda o: "m-2").send(wire).remote_id == "m-2"
-    for nameless in (None, {}, True, "", object()):
+    # no id, or one the store could not keep (over 4,096 characters, a lone surrogate): unknown, never lost later
+    for nameless in (None, {}, True, "", object(), "x" * 4097, "a\ud800b"):
         result = FunctionTransport(lambda r, a=nameless: a).send(wire)
         assert isinstance(result, Unknown) and result.reason.startswith("send returned no usable remote id")
     assert FunctionTransport(lambda r: NotSent("validated locally")).send(wire) == NotSent("validated locally")

@@ -42,7 +42,7 @@ from atmostonce.transport import (
     Unsupported,
     WireRequest,
 )
-from atmostonce_http.transport import compare_approved
+from atmostonce_http.transport import compare_approved, usable_id
 
 from .classify import ExceptionTable, exception_table
 
@@ -53,17 +53,6 @@ _RESULTS: dict[str, type[NotSent] | type[Unknown]] = {NotSent.outcome: NotSent, 
 
 class FunctionTransportError(AtMostOnceError):
     """A read-back or lookup callable raised or answered something unusable: no evidence either way."""
-
-
-def usable_id(value: Any) -> str | None:
-    """``value`` as a remote id: a non-empty string without control characters, or an int (not a bool)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str) and value.strip() and not any(ord(c) < 32 for c in value):
-        return value
-    return None
 
 
 def _default_remote_id(obj: Any) -> Any:

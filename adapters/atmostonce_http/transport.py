@@ -30,9 +30,10 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
-from atmostonce.errors import AtMostOnceError
+from atmostonce.errors import AtMostOnceError, IntakeError
 from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
 from atmostonce.projection import Comparison, Projection, check_projection, compare
+from atmostonce.records import check_text
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -313,14 +314,22 @@ def sink_config(base_url: str, **overrides: Any) -> HttpPlatformConfig:
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
-def _usable_id(value: Any) -> str | None:
+def usable_id(value: Any) -> str | None:
+    """``value`` as a remote id, or ``None`` when it is not one the store can keep: a non-empty string without
+    control characters that passes the store's own text rule (``atmostonce.records.check_text``: at most 4,096
+    characters, no lone surrogate), or an int (not a bool). A send answered without a usable id is an unknown
+    outcome, settled by lookup: an id taken here that the store then refused would lose the record of a send
+    that happened."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str) and value.strip() and not any(ord(c) < 32 for c in value):
-        return value
-    return None
+        value = str(value)
+    if not isinstance(value, str) or not value.strip() or any(ord(c) < 32 for c in value):
+        return None
+    try:
+        return check_text("remote_id", value)
+    except IntakeError:
+        return None
 
 
 class _HttpCore:
@@ -413,12 +422,12 @@ class _HttpCore:
             if not location:
                 return None
             segments = [s for s in urlsplit(location).path.split("/") if s]
-            return _usable_id(unquote(segments[-1])) if segments else None
+            return usable_id(unquote(segments[-1])) if segments else None
         try:
             doc = json.loads(response.content)
         except ValueError:
             return None
-        return _usable_id(pointer_get(doc, self.config.id_pointer or ""))
+        return usable_id(pointer_get(doc, self.config.id_pointer or ""))
 
     def _result(
         self, c: Classification, detail: str, remote_id: str | None = None, digest: str | None = None
@@ -500,7 +509,7 @@ class _HttpCore:
                 return NotFound("HTTP 200, empty list")
             doc = doc[0]
         pointer = cfg.lookup_id_pointer or (cfg.id_pointer if cfg.id_pointer is not None else "/id")
-        remote_id = _usable_id(pointer_get(doc, pointer))
+        remote_id = usable_id(pointer_get(doc, pointer))
         if remote_id is None:
             raise HttpTransportError("lookup answered 200 without a usable id", 200)
         body = pointer_get(doc, cfg.lookup_body_pointer if cfg.lookup_body_pointer is not None else cfg.body_pointer)

@@ -221,14 +221,38 @@ def test_2xx_with_integer_id_is_success(transport, raw_server):
 
 @pytest.mark.parametrize(
     "body",
-    [{}, {"id": ""}, {"id": "  "}, {"id": None}, {"id": True}, {"id": ["a"]}, b"not json", b""],
-    ids=["no-id", "empty", "blank", "null", "bool", "list", "not-json", "no-body"],
+    [
+        {},
+        {"id": ""},
+        {"id": "  "},
+        {"id": None},
+        {"id": True},
+        {"id": ["a"]},
+        b"not json",
+        b"",
+        {"id": "x" * 4097},
+        b'{"id": "a\\ud800b"}',
+    ],
+    ids=["no-id", "empty", "blank", "null", "bool", "list", "not-json", "no-body", "too-long", "lone-surrogate"],
 )
 def test_2xx_without_usable_id_is_unknown(transport, raw_server, body):
     server = raw_server(answer(201, body))
     result = transport(server.url()).send(wire())
     assert isinstance(result, Unknown)
     assert row(result) == "status:200-299:without_id"
+
+
+def test_a_created_id_the_store_cannot_keep_leaves_the_send_unknown_not_lost(transport, raw_server, sqlite_store):
+    # the platform created the object but answered an id over the store's 4,096-character limit: taken as the
+    # send's id, the store's refusal of it after the send would lose the record of a send that happened
+    from atmostonce.runtime import Dispatcher
+
+    server = raw_server(answer(201, {"id": "x" * 5000}))
+    it = sqlite_store.submit("acct", "post", "room-1", {"text": "hello"})
+    assert Dispatcher(sqlite_store, transport(server.url())).dispatch(it.key) == "send.unknown"
+    after = sqlite_store.get(it.key)
+    assert (after.state, after.remote_id) == ("indeterminate", None)
+    assert [h.event for h in sqlite_store.history(it.key)][-1] == "record_unknown"
 
 
 def test_2xx_id_from_location(transport, raw_server):
