@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from ..errors import Rejected
 from ..model import MemoryStore
-from ..names import EVENT, STATE
+from ..names import ACTOR, EVENT, STATE
 from ..records import Intent, Lease
 from ..store import Store
 
@@ -414,7 +414,9 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             for key in due_m:
                 it_m = self.model.get(key)
                 it_s = None if self.store is None else self.store.get(self.k(key, 1))
-                ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
+                ev = [
+                    e for e in self.model.table.events.values() if e.actor == ACTOR.sweeper and it_m.state in e.sources
+                ]
                 assert len(ev) == 1
                 (m, g), _ = self.both(lambda st_, i, e=ev[0].name, p=(it_m, it_s): getattr(st_, e)(p[i]))
                 assert m == "ok", f"sweeper refused a due lease: {g}"
@@ -437,7 +439,9 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             for key in keys:
                 it_m = self.model.get(key)
                 it_s = None if self.store is None else self.store.get(self.k(key, 1))
-                ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
+                ev = [
+                    e for e in self.model.table.events.values() if e.actor == ACTOR.sweeper and it_m.state in e.sources
+                ]
                 if len(ev) != 1:
                     return
                 moves.append((ev[0].name, it_m, it_s))
@@ -460,7 +464,7 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             if it_m.lease_expires_at is None or it_m.lease_expires_at <= self.clock():
                 return
             it_s = None if self.store is None else self.store.get(self.k(key, 1))
-            ev = [e for e in self.model.table.events.values() if e.actor == "sweeper" and it_m.state in e.sources]
+            ev = [e for e in self.model.table.events.values() if e.actor == ACTOR.sweeper and it_m.state in e.sources]
             (m, g), _ = self.both(lambda st_, i: getattr(st_, ev[0].name)((it_m, it_s)[i]))
             assert (m, g) == ("GuardRefused", "lease_expired"), (m, g)
 
