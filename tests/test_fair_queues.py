@@ -76,15 +76,32 @@ def test_pages_after_a_key_continue_in_creation_order_and_none_follow_an_unknown
     assert store.list_intents(limit=10, after="no-such-intent") == []
 
 
+class Queue:
+    """A queue of keys read a page at a time (``page(limit, after)``), counting the reads."""
+
+    def __init__(self, items):
+        self.items, self.reads = list(items), 0
+
+    def page(self, n, after):
+        self.reads += 1
+        start = 0 if after is None else self.items.index(after) + 1
+        return self.items[start : start + n]
+
+
 def test_a_round_robin_offers_every_item_once_per_round_and_starts_again():
-    items = [f"k{i}" for i in range(5)]
-
-    def page(n, after):
-        start = 0 if after is None else items.index(after) + 1
-        return items[start : start + n]
-
-    rr = RoundRobin(page, lambda k: k)
+    q = Queue(f"k{i}" for i in range(5))
+    rr = RoundRobin(q.page, lambda k: k)
     assert [rr(2), rr(2), rr(2), rr(2)] == [["k0", "k1"], ["k2", "k3"], ["k4"], ["k0", "k1"]]
+    assert q.reads == 4  # a short page ends the round: the next call starts from the oldest without a wasted read
+
+
+def test_a_round_robin_that_reads_past_the_end_starts_again_in_the_same_call():
+    q = Queue(f"k{i}" for i in range(4))
+    rr = RoundRobin(q.page, lambda k: k)
+    assert [rr(2), rr(2), rr(2)] == [["k0", "k1"], ["k2", "k3"], ["k0", "k1"]]
+    assert q.reads == 4  # the empty page after k3, then the first page again
+    empty = RoundRobin(Queue([]).page, lambda k: k)
+    assert [empty(2), empty(2)] == [[], []]
 
 
 def test_a_paused_account_at_the_head_of_the_queue_does_not_hold_back_another_accounts_intent(store):
@@ -112,6 +129,17 @@ def _unknown_sends(store, platform, n, prefix):
     return keys
 
 
+def test_the_reconciler_looks_only_at_unknown_sends(store):
+    platform = Platform()
+    [unknown] = _unknown_sends(store, platform, 1, "unknown")
+    published = submit(store, text="published", target="room-p")
+    assert Dispatcher(store, platform, RuntimeConfig()).dispatch(published.key) == "read_back.match"
+    pending = submit(store, text="pending", target="room-q")
+    assert Reconciler(store, platform, RuntimeConfig(reconcile_interval=0)).run() == {"lookup.found": 1}
+    assert platform.lookups == [unknown]
+    assert store.get(pending.key).state == "pending"
+
+
 def test_unknown_sends_whose_lookups_keep_failing_do_not_hold_back_a_newer_one(store):
     platform = Platform()
     stuck = _unknown_sends(store, platform, 6, "stuck")
@@ -128,24 +156,35 @@ def test_unknown_sends_whose_lookups_keep_failing_do_not_hold_back_a_newer_one(s
     assert reconciler.lookup_errors[stuck[0]][2] == "ConnectionResetError: the platform hung up"
 
 
+def test_a_failing_lookup_is_logged_with_its_intent_and_its_error(store, caplog):
+    platform = Platform()
+    [key] = _unknown_sends(store, platform, 1, "logged")
+    platform.failing = {key}
+    with caplog.at_level("WARNING", logger="atmostonce.runtime"):
+        Reconciler(store, platform, RuntimeConfig(reconcile_interval=0)).run()
+    [record] = [r for r in caplog.records if r.name == "atmostonce.runtime"]
+    intent, failures, kind, error = record.args
+    assert (intent, failures, kind, type(error)) == (key, 1, "ConnectionResetError", ConnectionResetError)
+
+
 def test_a_failing_lookup_is_asked_again_only_after_a_doubling_backoff(set_clock_store):
     store, set_clock = set_clock_store
     set_clock(1000.0)
     platform = Platform()
     [key] = _unknown_sends(store, platform, 1, "failing")
     platform.failing = {key}
-    config = RuntimeConfig(reconcile_interval=0, lookup_error_backoff=10, lookup_error_backoff_max=15)
+    config = RuntimeConfig(reconcile_interval=0, lookup_error_backoff=10, lookup_error_backoff_max=25)
     reconciler = Reconciler(store, platform, config)
     asked = []
-    for t in (1000.0, 1005.0, 1010.0, 1015.0, 1024.0, 1025.0, 1039.0, 1040.0):
+    for t in (1000.0, 1009.0, 1010.0, 1029.0, 1030.0, 1054.0, 1055.0):
         set_clock(t)
         if reconciler.run().get("lookup.error"):
             asked.append(t)
-    # the first failure waits 10 s, the second 20 s capped at 15, and so on: never asked on every pass
-    assert asked == [1000.0, 1010.0, 1025.0, 1040.0]
+    # the first failure waits 10 s, the second 20 s, the third 40 s capped at 25: never asked on every pass
+    assert asked == [1000.0, 1010.0, 1030.0, 1055.0]
     assert reconciler.lookup_errors[key][0] == 4
     platform.failing = set()
-    set_clock(1055.0)
+    set_clock(1080.0)
     assert reconciler.run() == {"lookup.found": 1}
     assert key not in reconciler.lookup_errors and store.get(key).state == "published"
 
@@ -167,9 +206,15 @@ class Cancelling(Platform):
 def test_a_transport_raising_a_base_exception_does_not_kill_the_worker(store):
     keys = [submit(store, text=f"w{i}", target=f"room-{i}").key for i in range(4)]
     platform = Cancelling()
-    with Outbox(store, platform, workers=1, poll_every=0.01, config=RuntimeConfig(send_lease_seconds=60)) as outbox:
+    seen = []
+    config = RuntimeConfig(send_lease_seconds=60)
+    with Outbox(
+        store, platform, workers=1, poll_every=0.01, config=config, on_result=lambda k, r: seen.append((k, r))
+    ) as outbox:
         report = outbox.run(until_idle=False, timeout=3)
     assert report.dispatched["error:KeyboardInterrupt"] == 1
+    [(cancelled, _)] = [(k, r) for k, r in seen if isinstance(r, KeyboardInterrupt)]
+    assert store.get(cancelled).state == "authorized"  # reported with the intent whose send it cut short
     states = sorted(store.get(k).state for k in keys)
     assert states == ["authorized", "published", "published", "published"]  # the cancelled send waits for its lease
     assert len(platform.objects) == 3

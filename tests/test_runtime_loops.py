@@ -87,6 +87,34 @@ def test_an_idle_worker_is_a_daemon_thread_that_waits_before_polling_again():
     assert w.stop_event.waits == [w.idle_sleep] and w.idle_sleep > 0
 
 
+def test_a_worker_with_nothing_to_do_polls_once_then_waits_for_its_wake():
+    # an empty round did nothing: the worker waits (idle_sleep, cut short by its wake) instead of polling again at
+    # once, so an idle outbox does not spin on the database
+    import threading
+
+    polls = []
+    stop, wake = threading.Event(), threading.Event()
+    w = Worker(Script(None, {}), lambda: polls.append(1) or [], stop=stop, idle_sleep=60, wake=wake)
+    w.start()
+    try:
+        for _ in range(200):
+            if polls:
+                break
+            stop.wait(0.01)
+        stop.wait(0.2)  # long enough for a loop that does not wait to poll thousands of times
+        assert len(polls) == 1
+        wake.set()
+        for _ in range(200):
+            if len(polls) == 2:
+                break
+            stop.wait(0.01)
+        assert len(polls) == 2
+    finally:
+        stop.set()
+        wake.set()
+        w.join(5)
+
+
 def test_the_seed_fixes_the_order_a_worker_tries_its_keys():
     keys = [f"k{i}" for i in range(12)]
     script = {k: ["gate.paused"] for k in keys}
