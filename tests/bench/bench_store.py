@@ -147,11 +147,13 @@ def capture(store, recorder: Recorder) -> tuple[list[list[tuple[str, Any]]], dic
 
 
 def _subst(params: Any, mapping: dict[Any, Any]) -> Any:
+    def one(v: Any) -> Any:
+        return mapping.get(v, v) if isinstance(v, (str, int)) and not isinstance(v, bool) else v
+
     if isinstance(params, dict):
-        return {
-            k: mapping.get(v, v) if isinstance(v, (str, int)) and not isinstance(v, bool) else v
-            for k, v in params.items()
-        }
+        return {k: one(v) for k, v in params.items()}
+    if isinstance(params, (list, tuple)):  # the store's prepared statements: $1, $2, ... in order
+        return [one(v) for v in params]
     return params
 
 
@@ -165,7 +167,10 @@ def raw_lifecycle(conn: psycopg.Connection, ops, captured: dict[str, Any], w: in
             if statement in ("BEGIN", "COMMIT"):
                 conn.execute(statement)
                 continue
-            cur = conn.execute(statement, _subst(params, mapping), prepare=True)
+            # the store sends its moves with PostgreSQL's own $n placeholders (a RawCursor): replay them alike
+            raw = isinstance(params, (list, tuple))
+            cursor = psycopg.RawCursor(conn) if raw else conn.cursor()
+            cur = cursor.execute(statement, _subst(params, mapping), prepare=True)
             row = cur.fetchone() if cur.description else None
             if row is None and statement.lstrip().startswith("WITH"):
                 raise RuntimeError(f"raw replay of step {n} matched no row")
