@@ -9,6 +9,9 @@ lookups keep failing therefore cannot fill every page and leave a newer intent u
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from atmostonce.runtime import Dispatcher, Reconciler, RoundRobin, RuntimeConfig
@@ -218,3 +221,34 @@ def test_a_transport_raising_a_base_exception_does_not_kill_the_worker(store):
     states = sorted(store.get(k).state for k in keys)
     assert states == ["authorized", "published", "published", "published"]  # the cancelled send waits for its lease
     assert len(platform.objects) == 3
+
+
+class CancelledLookup(Platform):
+    """The first lookup raises asyncio's CancelledError (a BaseException, not an Exception); later ones answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.cancels = 1
+
+    def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
+        if self.cancels:
+            self.cancels -= 1
+            raise asyncio.CancelledError
+        return super().lookup(delivery_key, resend_epoch, fence_epoch)
+
+
+def test_a_lookup_raising_a_base_exception_does_not_end_the_background_maintenance(store):
+    # the outbox's maintenance thread (start()) reports the cancelled pass and goes on: the unknown send it was
+    # looking at is settled by a later pass instead of staying unknown with no reconciler left running
+    platform = CancelledLookup()
+    [key] = _unknown_sends(store, platform, 1, "cancelled")
+    config = RuntimeConfig(reconcile_interval=0)
+    with Outbox(store, platform, config=config, sweep_every=0.05, reconcile_every=0.05, backoff_max=0.1) as outbox:
+        outbox.start()
+        for _ in range(500):
+            if store.get(key).state == "published":
+                break
+            threading.Event().wait(0.02)
+        report = outbox.stop()
+    assert report.errors["reconcile"] == 1
+    assert store.get(key).state == "published"

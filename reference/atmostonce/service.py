@@ -378,11 +378,14 @@ class Outbox:
     def _maintain_until_stopped(self) -> None:
         step = min(self.sweep_every, self.reconcile_every)
         while not self._stop.is_set():
-            self._maintain(time.monotonic())
+            # this thread's own: nothing signals it but the stop event, so a BaseException that is no Exception
+            # (a transport's cancellation in a lookup) came out of a pass; it is a failed pass, not the thread's end
+            self._maintain(time.monotonic(), failures=BaseException)
             self._stop.wait(step)
 
-    def _maintain(self, now: float) -> bool:
-        """One maintenance round: each pass that is due; returns whether every pass it made succeeded."""
+    def _maintain(self, now: float, failures: type[BaseException] = Exception) -> bool:
+        """One maintenance round: each pass that is due; returns whether every pass it made succeeded. A pass that
+        raises one of ``failures`` is reported (``errors``) and waited out with backoff."""
         ok = True
         for where, every, run in (
             ("sweep", self.sweep_every, self.sweeper.tick),
@@ -392,7 +395,7 @@ class Outbox:
                 continue
             try:
                 counts = run()
-            except Exception as exc:  # the database is down or a connection broke: back off, never die
+            except failures as exc:  # the database is down or a connection broke: back off, never die
                 ok = False
                 self._failures[where] += 1
                 self._on_failure(where, exc)
