@@ -81,6 +81,20 @@ def test_every_fault_kind_settles_without_a_duplicate(any_store, platform, fault
         assert sink.creates_by_key == {it.key: 1}
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "step-by-step"])
+def test_a_read_back_that_finds_nothing_is_a_failed_read_back_never_a_confirmation(any_store, platform, fused):
+    # the platform took the request but does not show the object yet: on either path the send is unknown
+    # (read_back_failed, its object id kept for the reconciler), never published on the strength of the answer
+    sink, transport, _ = platform
+    store = any_store.store
+    it = submit(store, text=f"read lag {fused}")
+    sink.plan("read_lag", seconds=600)
+    assert Dispatcher(store, transport, CONFIG, fused=fused).dispatch(it.key) == "read_back.not_found"
+    after = store.get(it.key)
+    assert (after.state, after.remote_id is not None) == ("indeterminate", True)
+    assert [h.event for h in store.history(it.key)][-2:] == ["record_success", "read_back_failed"]
+
+
 def test_connect_refused_is_not_sent_and_retried(any_store):
     store = any_store.store
     it = submit(store)
