@@ -55,7 +55,9 @@ def test_a_submit_wakes_an_idle_worker_through_notify(tmp_path, pg_databases):
         pg_databases.drop(url)
 
 
-def test_a_notification_names_the_state_and_only_due_ones_wake(pg_databases):
+def test_only_moves_into_the_claimable_state_notify_and_the_payload_names_it(pg_databases):
+    """A NOTIFY serializes the commits of every notifying transaction on the queue's lock: only a row that
+    became claimable (submitted, or moved back to the initial state) notifies; a park does not."""
     import psycopg
 
     from atmostonce_sql.notify import CHANNEL, conninfo, is_due
@@ -67,9 +69,11 @@ def test_a_notification_names_the_state_and_only_due_ones_wake(pg_databases):
             conn.execute(f"LISTEN {CHANNEL}")
             it = store.submit("acct", "post", "room", {"text": "n"})
             store.park(it.key, operator="alice")
-            payloads = [n.payload for n in conn.notifies(timeout=2, stop_after=2)]
-        assert payloads == [f"intent:{store.table.initial}", "intent:parked"]
-        assert [is_due(store, p) for p in payloads] == [True, False]
+            store.resend(it.key, operator="alice")
+            payloads = [n.payload for n in conn.notifies(timeout=2, stop_after=3)]
+        assert payloads == [f"intent:{store.table.initial}"] * 2
+        assert [is_due(store, p) for p in payloads] == [True, True]
+        assert not is_due(store, "intent:parked")
     finally:
         store.close()
         pg_databases.drop(url)

@@ -76,7 +76,7 @@ intents = sa.Table(
         postgresql_where=sa.text("lease_expires_at IS NOT NULL"),
         sqlite_where=sa.text("lease_expires_at IS NOT NULL"),
     ),
-    sa.Index("aom_intents_state", "state", "created_at"),
+    sa.Index("aom_intents_state", "state", "created_at", "key"),
 )
 
 attempts = sa.Table(
@@ -395,14 +395,38 @@ def claimable_where(initial: str) -> str:
     return CLAIMABLE_WHERE.format(initial=initial)
 
 
+UNKNOWN_WHERE = "state = '{state}'"
+
+
+def unknown_where(state: str) -> str:
+    """The predicate of the index of unknown sends (``aom_intents_unknown``, the reconciler's pick)."""
+    if not state.isidentifier():
+        raise ValueError(f"a state name is an identifier, got {state!r}")
+    return UNKNOWN_WHERE.format(state=state)
+
+
 def _claimable_index() -> sa.Index:
     from atmostonce.table import table
 
     where = sa.text(claimable_where(table().initial))
-    return sa.Index("aom_intents_claimable", intents.c.created_at, postgresql_where=where, sqlite_where=where)
+    return sa.Index(
+        "aom_intents_claimable", intents.c.created_at, intents.c.key, postgresql_where=where, sqlite_where=where
+    )
 
 
 _claimable_index()
+
+
+def _unknown_index() -> sa.Index:
+    from atmostonce.names import STATE
+
+    where = sa.text(unknown_where(STATE.indeterminate))
+    return sa.Index(
+        "aom_intents_unknown", intents.c.created_at, intents.c.key, postgresql_where=where, sqlite_where=where
+    )
+
+
+_unknown_index()
 
 # ---- migration 0012 (policy changes on the record, docs/design.md#policy-changes-are-on-the-record) ----
 # Every policy change with its new value (JSON) and the operator who made it (NULL: a program, no person

@@ -302,8 +302,14 @@ def plan_rows(pg: LocalCluster, sizes: list[int], backlog: int) -> list[tuple[st
                         (extra,),
                     )
                 for pick, fn in PICKS.items():
-                    (query, params), *_ = captured(lambda fn=fn, store=store: fn(store))
-                    explain = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()[0]
+                    # the pick's transaction: the settings it sends (SET LOCAL), then its one query
+                    *settings, (query, params) = [
+                        sq for sq in captured(lambda fn=fn, store=store: fn(store)) if sq[0] not in ("BEGIN", "COMMIT")
+                    ]
+                    with conn.transaction():
+                        for setting, values in settings:
+                            conn.execute(setting, values)
+                        explain = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params).fetchone()[0]
                     top = explain[0]["Plan"]
                     node = intents_scan(top) or top
                     scan = node["Node Type"] + (f" using {node['Index Name']}" if node.get("Index Name") else "")

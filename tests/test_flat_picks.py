@@ -1,0 +1,95 @@
+"""A page of due work costs a page of an index, however long the queue and however many intents share a
+creation time (docs/performance.md, the plan table; migration 0015).
+
+The worker's pick (``claimable``) and the reconciler's (``list_intents(state=...)``) order by creation time,
+then key. With the key in their partial indexes (``aom_intents_claimable``, ``aom_intents_unknown``) the database reads
+the first entries of the index and stops: no sort of every tied row, and a page after a key (``after=``)
+starts at that key. Checked on PostgreSQL with the statistics stale (the backlog arrived after the last
+ANALYZE), as a queue that grows suddenly leaves them.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+pytestmark = pytest.mark.postgres
+
+BACKLOG = 5000
+
+
+def _plan(store, pick):
+    """The plan PostgreSQL runs for the query ``pick()`` sends, in a transaction with the settings it sends
+    before it (EXPLAIN ANALYZE, BUFFERS)."""
+    sent = []
+
+    def seen(conn, cursor, statement, parameters, context, executemany):
+        sent.append((statement, parameters))
+
+    sa.event.listen(store.engine, "before_cursor_execute", seen)
+    try:
+        result = pick()
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", seen)
+    *settings, (statement, parameters) = sent  # the pick's transaction: its settings, then its one query
+    with store.engine.begin() as conn:
+        for setting, values in settings:
+            conn.exec_driver_sql(setting, values)
+        raw = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, parameters).scalar_one()
+    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    return result, plan
+
+
+def _nodes(plan):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _tied_backlog(store, state):
+    """``BACKLOG`` intents in ``state`` with one creation time, inserted after the last ANALYZE."""
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE aom_intents")
+        conn.exec_driver_sql(
+            """
+            INSERT INTO aom_intents (key, account, action_kind, target, request, request_digest, state,
+              attempt_count, max_attempts, reconcile_count, max_reconciles, resend_epoch, normalizer_version,
+              created_at, updated_at, history_count)
+            SELECT md5('tied' || i) || md5('k' || i), 'acct', 'post', 'room-' || i, '{"text":"tied"}', md5('d' || i),
+                   %(state)s, 0, 3, 0, 3, 0, 1, 1700000000.0, 1700000000.0, 0
+            FROM generate_series(1, %(n)s) AS i
+            """,
+            {"state": state, "n": BACKLOG},
+        )
+
+
+def _reads_a_page(plan, index, limit):
+    kinds = [n["Node Type"] for n in _nodes(plan)]
+    scans = [n.get("Index Name") for n in _nodes(plan) if n.get("Relation Name") == "aom_intents"]
+    assert index in scans, list(_nodes(plan))
+    assert not {"Sort", "Incremental Sort", "Seq Scan"} & set(kinds), kinds
+    # about a buffer per row returned (its index entry and heap row), not one per tied row of the backlog
+    assert plan["Shared Hit Blocks"] + plan.get("Shared Read Blocks", 0) <= 2 * limit + 10
+
+
+def test_a_workers_pick_reads_one_page_of_the_index_behind_a_tied_backlog(pg_store):
+    _tied_backlog(pg_store, pg_store.table.initial)
+    first, plan = _plan(pg_store, lambda: pg_store.claimable(100))
+    assert len(first) == 100 and first == sorted(first)  # one creation time: key order
+    _reads_a_page(plan, "aom_intents_claimable", 100)
+    after, plan = _plan(pg_store, lambda: pg_store.claimable(100, after=first[-1]))
+    assert after[0] > first[-1] and len(after) == 100
+    _reads_a_page(plan, "aom_intents_claimable", 100)
+
+
+def test_the_reconcilers_pick_reads_one_page_of_the_index_behind_a_tied_backlog(pg_store):
+    _tied_backlog(pg_store, "indeterminate")
+    first, plan = _plan(pg_store, lambda: pg_store.list_intents(state="indeterminate", limit=50))
+    keys = [it.key for it in first]
+    assert len(keys) == 50 and keys == sorted(keys)
+    _reads_a_page(plan, "aom_intents_unknown", 50)
+    after, plan = _plan(pg_store, lambda: pg_store.list_intents(state="indeterminate", limit=50, after=keys[-1]))
+    assert after[0].key > keys[-1]
+    _reads_a_page(plan, "aom_intents_unknown", 50)
