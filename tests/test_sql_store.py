@@ -199,3 +199,18 @@ def test_a_deadlock_is_known_by_its_code_and_refuses_a_text_claim_as_the_window_
     assert (refused.value.event, refused.value.guard) == (EVENT.authorize_dispatch, GUARD.text_window_clear)
     with pytest.raises(Deadlock):
         pg_store._refusing(begin, "key-1", {}, victim)
+
+
+def test_a_move_missing_a_parameter_is_refused_before_it_is_sent_never_sent_with_null(sql_store):
+    """The store builds a statement's arguments from a plan made once (``Executor.arguments``): a parameter
+    the statement needs and the caller did not give is an error, as SQLAlchemy's own check makes it, and
+    the statement's own constants (states, event names) are there without being passed."""
+    ev = sql_store.table.event(EVENT.record_not_sent)
+    stmts = sql_store._statements(ev)
+    name = "one" if sql_store.dialect == "postgresql" else "update"
+    arguments = sql_store._exec.arguments(stmts, name)
+    with pytest.raises(sa.exc.InvalidRequestError, match="bind parameter 'p_"):
+        arguments({})
+    params = sql_store._params(ev, "k", {"reason": "r", "attempt_token": "t", "generation": 1, "epoch": 0}, None)
+    values = arguments(params)
+    assert "k" in values and ev.target in values and ev.sources[0] in values

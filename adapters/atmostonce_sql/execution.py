@@ -240,14 +240,43 @@ class Executor:
             native = stmts[f"{name}.native"] = (text, tuple(order))
         return native
 
+    def arguments(self, stmts: dict[str, Any], name: Any) -> Callable[[Mapping[str, Any]], list[Any]]:
+        """The arguments of a cached statement from its parameters, in its placeholders' order (PostgreSQL:
+        the ``$n`` of :meth:`native`; SQLite: the compiled ``?``): what :meth:`_values` gives, without building
+        every bind's value on every call. A bind the caller passes is its bind processor's output of the
+        caller's value (``None`` stays ``None``); any other bind (a constant of the statement: an event name, a
+        state, the epoch's row name) is its value as compiled, processed once. The function returned raises
+        ``InvalidRequestError`` when a required parameter is missing."""
+        plan = stmts.get(f"{name}.arguments")
+        if plan is None:
+            c, _, processors = self.compiled(stmts, name)
+            order = self.native(stmts, name)[1] if self.dialect == "postgresql" else tuple(c.positiontup or ())
+            fixed = c.construct_params(_check=False)  # the compiled values; a required bind's is None
+            fixed = {k: processors[k](v) if k in processors and v is not None else v for k, v in fixed.items()}
+            parts = tuple((k, processors.get(k), fixed.get(k), c.binds[k].required) for k in order)
+
+            def plan(params: Mapping[str, Any]) -> list[Any]:
+                out = []
+                for k, proc, default, required in parts:
+                    if k in params:
+                        v = params[k]
+                        out.append(proc(v) if proc is not None and v is not None else v)
+                    elif required:  # as SQLAlchemy refuses it: a parameter the statement needs was not given
+                        raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
+                    else:
+                        out.append(default)
+                return out
+
+            stmts[f"{name}.arguments"] = plan
+        return plan
+
     def send(self, raw: Any, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> Any:
         """Send a cached statement on the psycopg connection ``raw``; returns the open cursor."""
         import psycopg
 
-        sql, order = self.native(stmts, name)
-        values = self._values(stmts, name, params)
+        sql, _ = self.native(stmts, name)
         cur = psycopg.RawCursor(raw)
-        cur.execute(sql, [values[k] for k in order], prepare=True)
+        cur.execute(sql, self.arguments(stmts, name)(params), prepare=True)
         return cur
 
     def run(
@@ -300,13 +329,12 @@ class Executor:
         """SQLite: run a cached statement (``name``, or ``("appends", i)``) on the sqlite3 connection under
         ``conn``'s transaction. Returns the first row as a mapping (values as SQLite holds them), or ``None``.
         Driver errors surface as ``DBAPIError``."""
-        c, sql, _ = self.compiled(stmts, name)
-        values = self._values(stmts, name, params)
+        _, sql, _ = self.compiled(stmts, name)
         try:
             raw: Any = conn.connection.dbapi_connection
-            cur = raw.execute(sql, [values[k] for k in c.positiontup or ()])
+            cur = raw.execute(sql, self.arguments(stmts, name)(params))
         except Exception as exc:
-            raise sa.exc.DBAPIError.instance(sql, values, exc, type(exc)) from exc
+            raise sa.exc.DBAPIError.instance(sql, dict(params), exc, type(exc)) from exc
         try:
             if not fetch:
                 return None
