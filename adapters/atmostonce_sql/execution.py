@@ -216,14 +216,6 @@ class Executor:
             compiled = stmts[key] = (c, c.string, processors)
         return compiled
 
-    def _values(self, stmts: dict[str, Any], name: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-        c, _, processors = self.compiled(stmts, name)
-        values = c.construct_params(params)
-        for k, proc in processors.items():
-            if k in values and values[k] is not None:
-                values[k] = proc(values[k])
-        return values
-
     def native(self, stmts: dict[str, Any], name: str) -> tuple[str, tuple[str, ...]]:
         """The compiled statement in PostgreSQL's own ``$n`` placeholders, with the parameter names in
         order: psycopg's ``RawCursor`` sends it as it is, without parsing the query on every call (its
@@ -242,8 +234,8 @@ class Executor:
 
     def arguments(self, stmts: dict[str, Any], name: Any) -> Callable[[Mapping[str, Any]], list[Any]]:
         """The arguments of a cached statement from its parameters, in its placeholders' order (PostgreSQL:
-        the ``$n`` of :meth:`native`; SQLite: the compiled ``?``): what :meth:`_values` gives, without building
-        every bind's value on every call. A bind the caller passes is its bind processor's output of the
+        the ``$n`` of :meth:`native`; SQLite: the compiled ``?``), without building every bind's value on every
+        call. A bind the caller passes is its bind processor's output of the
         caller's value (``None`` stays ``None``); any other bind (a constant of the statement: an event name, a
         state, the epoch's row name) is its value as compiled, processed once. The function returned raises
         ``InvalidRequestError`` when a required parameter is missing."""

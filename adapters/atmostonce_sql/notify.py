@@ -4,11 +4,10 @@ The triggers (``migrations/versions/0009_worker_notify.py``, narrowed by 0015 to
 claimable) notify ``atmostonce_due`` with payloads ``intent:<state>``, ``approval:<state>`` and
 ``policy:<what>``; :func:`is_due` decides, from the loaded table, which of them can make an intent
 dispatchable (an intent in the table's initial state, an approval in the approval table's initial state,
-any policy change). :class:`DueListener` holds one dedicated
-autocommit connection (psycopg 3), calls ``on_due()`` for each such notification, and outlives the
-database: a broken connection is reported, waited out with the runtime's jittered backoff and opened
-again, and after each (re)connection it calls ``on_due()`` once, since what was notified while it was
-away is lost (docs/operations.md). Polling stays on as the fallback either way.
+any policy change). :class:`DueListener` holds one dedicated autocommit connection (psycopg 3), calls
+``on_due()`` for each such notification, and outlives the database: a broken connection is reported,
+waited out with the runtime's jittered backoff and opened again, and after each (re)connection it calls
+``on_due()`` once, since what was notified while it was away is lost (docs/operations.md). Polling stays on as the fallback either way.
 """
 
 from __future__ import annotations

@@ -385,48 +385,43 @@ __all__ += ["failovers"]
 # what a worker's poll picks (``claimable``): queued intents with no open attempt, oldest first. A partial
 # index holds only those rows, so a poll reads the few it returns however large the table or the backlog
 # is, and whatever the planner's statistics say about the state column.
-CLAIMABLE_WHERE = "state = '{initial}' AND attempt_token IS NULL"
+CLAIMABLE_WHERE = "{row}state = '{initial}' AND {row}attempt_token IS NULL"
+UNKNOWN_WHERE = "{row}state = '{state}'"
 
 
-def claimable_where(initial: str) -> str:
-    """The claimable index's predicate for the table's initial state (a table state name: an identifier)."""
-    if not initial.isidentifier():
-        raise ValueError(f"a state name is an identifier, got {initial!r}")
-    return CLAIMABLE_WHERE.format(initial=initial)
+def _state_name(name: str) -> str:
+    if not name.isidentifier():
+        raise ValueError(f"a state name is an identifier, got {name!r}")
+    return name
 
 
-UNKNOWN_WHERE = "state = '{state}'"
+def claimable_where(initial: str, row: str = "") -> str:
+    """The claimable index's predicate for the table's initial state (a table state name: an identifier).
+    ``row`` prefixes each column (``"NEW."`` for a trigger's WHEN). Raises ``ValueError`` on a name that is
+    not an identifier."""
+    return CLAIMABLE_WHERE.format(initial=_state_name(initial), row=row)
 
 
-def unknown_where(state: str) -> str:
-    """The predicate of the index of unknown sends (``aom_intents_unknown``, the reconciler's pick)."""
-    if not state.isidentifier():
-        raise ValueError(f"a state name is an identifier, got {state!r}")
-    return UNKNOWN_WHERE.format(state=state)
+def unknown_where(state: str, row: str = "") -> str:
+    """The predicate of the index of unknown sends (``aom_intents_unknown``, the reconciler's pick); ``row``
+    and the errors as for :func:`claimable_where`."""
+    return UNKNOWN_WHERE.format(state=_state_name(state), row=row)
 
 
-def _claimable_index() -> sa.Index:
+def _partial_index(name: str, where: str) -> sa.Index:
+    clause = sa.text(where)
+    return sa.Index(name, intents.c.created_at, intents.c.key, postgresql_where=clause, sqlite_where=clause)
+
+
+def _partial_indexes() -> None:
+    from atmostonce.names import STATE
     from atmostonce.table import table
 
-    where = sa.text(claimable_where(table().initial))
-    return sa.Index(
-        "aom_intents_claimable", intents.c.created_at, intents.c.key, postgresql_where=where, sqlite_where=where
-    )
+    _partial_index("aom_intents_claimable", claimable_where(table().initial))
+    _partial_index("aom_intents_unknown", unknown_where(STATE.indeterminate))
 
 
-_claimable_index()
-
-
-def _unknown_index() -> sa.Index:
-    from atmostonce.names import STATE
-
-    where = sa.text(unknown_where(STATE.indeterminate))
-    return sa.Index(
-        "aom_intents_unknown", intents.c.created_at, intents.c.key, postgresql_where=where, sqlite_where=where
-    )
-
-
-_unknown_index()
+_partial_indexes()
 
 # ---- migration 0012 (policy changes on the record, docs/design.md#policy-changes-are-on-the-record) ----
 # Every policy change with its new value (JSON) and the operator who made it (NULL: a program, no person

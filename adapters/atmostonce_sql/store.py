@@ -1301,8 +1301,9 @@ class SqlStore(SqlClaims, Operations):
 
 def _after(key: str) -> sa.ColumnElement[bool]:
     """Rows after the intent ``key`` in (creation time, key) order; none when no intent has that key. A row
-    comparison, so the index on ``(created_at, key)`` (``aom_intents_claimable``, ``aom_intents_state``) starts
-    the page at that row instead of reading the rows before it."""
+    comparison, so an index ordered by ``(created_at, key)`` (the partial ``aom_intents_claimable`` and
+    ``aom_intents_unknown``, or ``aom_intents_state`` within one state) starts the page at that row instead of
+    reading the rows before it."""
     other = intents.alias("after_row")
     ref = sa.select(other.c.created_at).where(other.c.key == key).scalar_subquery()
     return sa.tuple_(intents.c.created_at, intents.c.key) > sa.tuple_(ref, sa.literal(key, sa.Text))

@@ -12,8 +12,8 @@ success, confirm read-back) per second:
 
 It prints the table, the ratio, and the round trips per transition, and writes
 ``docs/performance-replay.md``: the Python layer's cost over the store's own SQL, not a comparison with raw
-SQL's design or the peers (that is ``bench_dispatch.py``, in ``docs/performance.md``). It also times the sweeper's due-lease query at growing
-table sizes and shows its plan.
+SQL's design or the peers (that is ``bench_dispatch.py``, in ``docs/performance.md``). It also times the
+sweeper's due-lease query at growing table sizes and shows its plan.
 """
 
 from __future__ import annotations

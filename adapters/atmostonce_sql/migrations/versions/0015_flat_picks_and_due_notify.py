@@ -50,7 +50,7 @@ def upgrade() -> None:
     )
     if op.get_bind().dialect.name != "postgresql":
         return
-    due = claimable_where(initial).replace("state", "NEW.state").replace("attempt_token", "NEW.attempt_token")
+    due = claimable_where(initial, row="NEW.")
     op.execute(
         f"""
         DROP TRIGGER aom_intents_notify_insert ON aom_intents;
