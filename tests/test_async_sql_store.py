@@ -26,6 +26,12 @@ from tests.test_fused_dispatch import (  # noqa: F401 - collected here, on the a
     test_record_sent_takes_only_a_read_back_outcome,
     test_the_fused_moves_write_the_history_of_the_moves_one_by_one,
 )
+from tests.test_publish import (  # noqa: F401 - collected here, on the async stores
+    test_a_kill_switch_leaves_the_published_delivery_queued_and_sends_nothing,
+    test_publish_ends_where_submit_then_dispatch_ends,
+    test_publishing_a_queued_delivery_dispatches_that_intent_without_a_second_one,
+    test_publishing_a_settled_delivery_again_is_refused_and_sends_nothing,
+)
 
 KINDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
 

@@ -128,6 +128,10 @@ def register_sqlite_functions(dbapi_conn: Any) -> None:
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
 
 
+class _Undo(Exception):
+    """Rolls a transaction back where nothing it wrote is to stay (the caller then takes the usual path)."""
+
+
 class SqlStore(SqlClaims, Operations):
     """A store on an SQLAlchemy engine (``postgresql`` or ``sqlite`` dialect).
 
@@ -308,13 +312,7 @@ class SqlStore(SqlClaims, Operations):
             if row is not None:
                 return self._intent(row), False
         stmts = self._creation_statements()
-        params = {f"p_{name}": getattr(sub, name) for name in SUBMITTED if name != "request"}
-        params |= {
-            "p_request": sub.request_json,
-            "p_actor": stmts["creator"].actor,
-            "p_detail": {},
-            "p_generation": None,
-        }
+        params = self._creation_params(stmts, sub)
         if self.dialect == "postgresql":
             with self._tx(autocommit=True) as conn:
                 made = self._exec.run(conn, stmts, "one", params)
@@ -327,6 +325,82 @@ class SqlStore(SqlClaims, Operations):
                 return self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
             self._exec.run_sqlite(conn, stmts, "history", params, fetch=False)
             return self._intent(inserted), True
+
+    @staticmethod
+    def _creation_params(stmts: dict[str, Any], sub: Submission) -> dict[str, Any]:
+        params = {f"p_{name}": getattr(sub, name) for name in SUBMITTED if name != "request"}
+        return params | {
+            "p_request": sub.request_json,
+            "p_actor": stmts["creator"].actor,
+            "p_detail": {},
+            "p_generation": None,
+        }
+
+    def _create_and_apply(
+        self, sub: Submission, steps: list[tuple[str, Any]]
+    ) -> tuple[Intent, bool, list[Intent] | None] | None:
+        """Create the intent and make two moves on it in one transaction: one commit where :meth:`_create` and
+        :meth:`_apply_sequence` take two (docs/design.md#two-durable-points-per-send). PostgreSQL sends
+        ``BEGIN``, the creating statement, the two moves as one statement (:meth:`_fused`) and ``COMMIT`` in one
+        round trip (:meth:`Executor.pipeline`); SQLite runs them in one transaction.
+
+        Returns ``(intent, created, moved)``: the intent as created (or as found when the key was taken:
+        ``created`` is ``False``) and the two moved rows, or ``moved`` ``None`` when the moves did not happen
+        (their gates refused, or a move needs its coupled form): the intent is then stored, unmoved, and the
+        caller moves it as usual, which names any refusal. Returns ``None`` when nothing was written and the
+        caller should create and move the intent the usual way: an intent keyed by an older normalizer may
+        exist, the HA ``sync`` mode holds the authorization to its own check, on SQLite the key was taken or
+        a move refused, on PostgreSQL the duplicate-text constraint, a deadlock or another transaction's
+        hold on the row refused the moves (the whole transaction rolled back). Raises ``StoreError`` for any
+        other database failure (nothing was written)."""
+        if sub.earlier_keys or len(steps) != 2:
+            return None
+        events = [event for event, _ in steps]
+        if self.ha == "sync" and any(e in self._authorizing | self._opening for e in events):
+            return None
+        stmts = self._creation_statements()
+        params = self._creation_params(stmts, sub)
+        if self.dialect != "postgresql":
+            return self._create_and_apply_sqlite(stmts, params, sub, steps)
+        fused, fused_params, chained = self._fused_call(sub.key, steps)
+        try:
+            with self._tx(autocommit=True) as conn:
+
+                def body(pipe: Any) -> None:
+                    pipe.send(stmts, "one", params, every=True)
+                    pipe.send(fused, "one", fused_params, every=True)
+
+                made, rows = self._exec.pipeline(conn, False, body, every=True)
+        except (ConstraintRefused, Deadlock, LockNotAvailable):
+            return None
+        if made:
+            intent, created = self._intent(made[0]), True
+        else:
+            with self._tx() as conn:
+                intent, created = self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
+        if len(rows) != 2:
+            return intent, created, None
+        moved = [self._intent(r) for r in rows]
+        if chained:
+            steps[1][1](moved[0])  # the arguments as the stepwise path builds them, for whoever watches
+        return intent, created, moved
+
+    def _create_and_apply_sqlite(
+        self, stmts: dict[str, Any], params: dict[str, Any], sub: Submission, steps: list[tuple[str, Any]]
+    ) -> tuple[Intent, bool, list[Intent] | None] | None:
+        try:
+            with self._tx() as conn:
+                inserted = self._exec.run_sqlite(conn, stmts, "insert", params)
+                if inserted is None:
+                    raise _Undo
+                self._exec.run_sqlite(conn, stmts, "history", params, fetch=False)
+                moved: list[Intent] = []
+                for event, args in steps:
+                    ev = self.table.event(event)
+                    moved.append(self._apply_in(conn, ev, sub.key, step_args(args, moved[-1] if moved else None)))
+        except (_Undo, Rejected, ConstraintRefused):
+            return None  # rolled back: the caller submits and moves the intent the usual way
+        return self._intent(inserted), True, moved
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
     def _guard_values(self, key: str, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -561,14 +635,9 @@ class SqlStore(SqlClaims, Operations):
             return None
         raise refusal
 
-    def _fused(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent] | None:
-        """PostgreSQL: two moves as one statement in autocommit (:meth:`Statements.fused`): one round trip, one
-        commit, without a commit wait when both are outcome moves (:meth:`_lossable`). A second step under
-        :class:`~atmostonce.store.UnderNewLease` is held to the lease the first opened, read in the statement.
-        Returns the two moved rows; ``None`` when no row moved (either gate refused, or a move needs its
-        coupled form), the duplicate-text constraint or a deadlock refused, or another transaction holds the
-        intent's row (the statement does not wait for it: see :meth:`Statements.fused`): nothing was written,
-        and the caller runs the moves again one by one to move or name the refusal."""
+    def _fused_call(self, key: str, steps: list[tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """The statement of two moves as one (:meth:`Statements.fused`, cached), its parameters, and whether the
+        second move is held to the lease the first opens (:class:`~atmostonce.store.UnderNewLease`)."""
         (first, args1), (second, args2) = steps
         ev, ev2 = self.table.event(first), self.table.event(second)
         chained = isinstance(args2, UnderNewLease)
@@ -581,6 +650,18 @@ class SqlStore(SqlClaims, Operations):
         params = self._params(ev, key, args1, None)
         fixed = args2.fixed if chained else args2
         params |= {f"p2_{k[2:]}": v for k, v in self._params(ev2, key, fixed, None).items()}
+        return stmts, params, chained
+
+    def _fused(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent] | None:
+        """PostgreSQL: two moves as one statement in autocommit (:meth:`Statements.fused`): one round trip, one
+        commit, without a commit wait when both are outcome moves (:meth:`_lossable`). A second step under
+        :class:`~atmostonce.store.UnderNewLease` is held to the lease the first opened, read in the statement.
+        Returns the two moved rows; ``None`` when no row moved (either gate refused, or a move needs its
+        coupled form), the duplicate-text constraint or a deadlock refused, or another transaction holds the
+        intent's row (the statement does not wait for it: see :meth:`Statements.fused`): nothing was written,
+        and the caller runs the moves again one by one to move or name the refusal."""
+        (_, args2) = steps[1]
+        stmts, params, chained = self._fused_call(key, steps)
         try:
             with self._tx(autocommit=True) as conn:
                 rows = self._exec.run_all(conn, stmts, "one", params)

@@ -19,16 +19,16 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from . import observe
 from .errors import SOURCE_STATE, GuardRefused, NotVerified, Rejected, RetractionUnsupported
 from .identity import canonical_json, request_digest
 from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
-from .protocols import MaintenanceStore, OperatorStore, WorkerStore
-from .records import Intent, Lease, check_limit
+from .protocols import IntakeStore, MaintenanceStore, OperatorStore, WorkerStore
+from .records import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_RECONCILES, Intent, Lease, Submission, check_limit
 from .store import RETRACTION_PREFIX, retraction_of
 from .table import table as default_table
 from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
@@ -309,6 +309,75 @@ class Dispatcher:
                 # limited, stale source) or blocks at the gate, exactly as it always has
                 return self._dispatch_stepwise(self.store.get(before.key))
             raise
+        return self._send_authorized(before, wire, lease, intent)
+
+    def publish(
+        self,
+        account: str,
+        action_kind: str,
+        target: str,
+        request: Mapping[str, Any],
+        *,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_reconciles: int = DEFAULT_MAX_RECONCILES,
+        source: tuple[str, str] | None = None,
+    ) -> tuple[str, str]:
+        """Submit a delivery and dispatch it once: ``Store.submit`` then :meth:`dispatch`, with the intent and
+        its authorization committed together where the store can (``submit_and_authorize``): one commit
+        before the bytes and one after (docs/design.md#two-durable-points-per-send).
+
+        Returns ``(key, outcome)``: the intent's delivery key and the outcome name from the table. A delivery
+        that exists already is dispatched as :meth:`dispatch` would (a settled one is refused). Raises
+        :class:`IntakeError` for bad input (nothing stored), :class:`Rejected` as :meth:`dispatch` does.
+        """
+        intake = cast(IntakeStore, self.store)  # a worker store that also takes submissions (every store here)
+        together = getattr(intake, "submit_and_authorize", None)
+        fused = self.fused if self.fused is not None else (self.work is None and self.crash is None)
+        if together is None or not fused:
+            it = intake.submit(
+                account,
+                action_kind,
+                target,
+                request,
+                max_attempts=max_attempts,
+                max_reconciles=max_reconciles,
+                source=source,
+            )
+            return it.key, self.dispatch(it)
+        wires: dict[str, WireRequest] = {}
+
+        def authorization(sub: Submission) -> dict[str, Any]:
+            # the request a new intent's row gives (wire_request): its stored body, epochs 0; a delivery that
+            # exists already under other epochs is caught after the authorization, before any byte
+            wire = wires["wire"] = WireRequest(body=dict(sub.request), delivery_key=sub.key)
+            return {
+                "request_digest": sub.request_digest,  # request_digest(wire.body): the submission's canonical bytes
+                "descriptor": _descriptor(self.transport, wire),
+                "credential_version": self.credential_version(sub.account) if self.credential_version else None,
+                "platform": self.transport.name,
+                "contract_version": getattr(self.transport, "contract_version", None),
+            }
+
+        it, authorized = together(
+            account,
+            action_kind,
+            target,
+            request,
+            authorization=authorization,
+            lease_seconds=self.config.lease_seconds,
+            send_lease_seconds=self.config.send_lease_seconds,
+            max_attempts=max_attempts,
+            max_reconciles=max_reconciles,
+            source=source,
+        )
+        if authorized is None:
+            return it.key, self.dispatch(it)
+        lease, intent = authorized
+        return it.key, self._send_authorized(it, wires["wire"], lease, intent)
+
+    def _send_authorized(self, before: Intent, wire: WireRequest, lease: Lease, intent: Intent) -> str:
+        """The fused path after the authorization: the check that the authorized intent is the request
+        ``wire`` was made from, the send, the read-back, and the outcome's one commit."""
         if wire_request(intent) != wire:
             # the intent went round (sent, settled, re-queued under new epochs) between the read and
             # the authorization: nothing was sent, and the recorded descriptor is not this request's

@@ -154,6 +154,30 @@ class UnderNewLease:
         return args
 
 
+def _authorization_steps(
+    lease_seconds: float,
+    send_lease_seconds: float,
+    *,
+    request_digest: str,
+    descriptor: Mapping[str, Any] | None = None,
+    credential_version: str | None = None,
+    platform: str | None = None,
+    contract_version: str | None = None,
+) -> list[tuple[str, Any]]:
+    """``begin`` and ``authorize_dispatch`` as the steps of one transaction, their arguments validated
+    (``IntakeError`` for bad input)."""
+    begin_args = {"lease_seconds": validate_lease_seconds("lease_seconds", lease_seconds)}
+    auth_args = {
+        "request_digest": check_text("request_digest", request_digest, max_chars=128),
+        "lease_seconds": validate_lease_seconds("send_lease_seconds", send_lease_seconds),
+        "descriptor": check_json_object("descriptor", descriptor or {}),
+        "credential_version": _optional_text("credential_version", credential_version),
+        "platform": _optional_text("platform", platform),
+        "contract_version": _optional_text("contract_version", contract_version),
+    }
+    return [(EVENT.begin, begin_args), (EVENT.authorize_dispatch, UnderNewLease(auth_args))]
+
+
 def _need_text(name: str, v: Any) -> str:
     return check_text(name, v)
 
@@ -531,18 +555,87 @@ class Operations(ClaimOperations):
         ``authorize_dispatch`` would (``exc.event`` names which move refused), ``IntakeError`` for bad
         input. For an approval-gated intent use ``begin``, ``reserve_claim`` and ``authorize_dispatch``.
         """
-        begin_args = {"lease_seconds": validate_lease_seconds("lease_seconds", lease_seconds)}
-        auth_args = {
-            "request_digest": check_text("request_digest", request_digest, max_chars=128),
-            "lease_seconds": validate_lease_seconds("send_lease_seconds", send_lease_seconds),
-            "descriptor": check_json_object("descriptor", descriptor or {}),
-            "credential_version": _optional_text("credential_version", credential_version),
-            "platform": _optional_text("platform", platform),
-            "contract_version": _optional_text("contract_version", contract_version),
-        }
-        steps = [(EVENT.begin, begin_args), (EVENT.authorize_dispatch, UnderNewLease(auth_args))]
+        steps = _authorization_steps(
+            lease_seconds,
+            send_lease_seconds,
+            request_digest=request_digest,
+            descriptor=descriptor,
+            credential_version=credential_version,
+            platform=platform,
+            contract_version=contract_version,
+        )
         begun, authorized = self._moves(key, steps)
         return lease_of(begun), authorized
+
+    def submit_and_authorize(
+        self,
+        account: str,
+        action_kind: str,
+        target: str,
+        request: Mapping[str, Any],
+        *,
+        authorization: Callable[[Submission], Mapping[str, Any]],
+        lease_seconds: float = 30.0,
+        send_lease_seconds: float = 60.0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_reconciles: int = DEFAULT_MAX_RECONCILES,
+        source: tuple[str, str] | None = None,
+    ) -> tuple[Intent, tuple[Lease, Intent] | None]:
+        """:meth:`submit` and :meth:`begin_and_authorize` in one transaction where the store can: the intent
+        and its authorization reach the disk in one commit, before the bytes (docs/design.md#two-durable-points-per-send).
+
+        ``authorization(sub)`` gets the validated :class:`~atmostonce.records.Submission` (its key and request
+        as they will be stored) and returns :meth:`begin_and_authorize`'s keyword arguments other than the
+        leases: ``request_digest`` (required), and optionally ``descriptor``, ``credential_version``,
+        ``platform``, ``contract_version``. Every move is still the table's conditional write.
+
+        Returns ``(intent, authorized)``: the intent as submitted (or as found, when this delivery exists), and
+        ``(lease, authorized intent)`` when the authorization was made in that transaction, else ``None``: the
+        store cannot make both in one transaction, the intent needs an approval or is a retraction, or the
+        authorization's gates refused (the intent is then stored and queued as :meth:`submit` leaves it, and
+        the caller dispatches it the usual way, which names the refusal). Raises :class:`IntakeError` as
+        :meth:`submit` does, for bad input or for arguments ``authorization`` returns."""
+        sub = prepare_submission(
+            account,
+            action_kind,
+            target,
+            request,
+            max_attempts=max_attempts,
+            max_reconciles=max_reconciles,
+            max_payload_bytes=self.max_payload_bytes,
+            source=source,
+        )
+        together = getattr(self.core, "_create_and_apply", None)
+        got = None
+        if together is not None and not sub.action_kind.startswith(RETRACTION_PREFIX):
+            steps = _authorization_steps(lease_seconds, send_lease_seconds, **authorization(sub))
+            got = together(sub, steps)
+        if got is None:  # the usual way: submit (its own commit); the caller dispatches the intent
+            it = self.submit(
+                account,
+                action_kind,
+                target,
+                request,
+                max_attempts=max_attempts,
+                max_reconciles=max_reconciles,
+                source=source,
+            )
+            return it, None
+        it, created, moved = got
+        if created:
+            observe.log_move(EVENT.submit, it, {}, self.table)
+        elif it.requires_approval:
+            raise IntakeError(
+                "this delivery exists already with requires_approval=True; "
+                "an approval requirement cannot be added to or dropped from an intent",
+                field="requires_approval",
+            )
+        if moved is None:
+            return it, None
+        begun, authorized = moved
+        observe.log_move(EVENT.begin, begun, {}, self.table)
+        observe.log_move(EVENT.authorize_dispatch, authorized, {}, self.table)
+        return it, (lease_of(begun), authorized)
 
     def record_sent(
         self,

@@ -183,8 +183,8 @@ def aom(url: str) -> tuple[Callable[[int, str], None], Callable[[], None]]:
     dispatcher = Dispatcher(store, NoopTransport())
 
     def call(i: int, tag: str) -> None:
-        it = store.submit("bench", "post", f"room-{i % 97}", {"text": f"bench {tag} {i}"})
-        outcome = dispatcher.dispatch(it)  # the intent submit returned: no second read of the row
+        # submit and dispatch: the intent and its authorization in one commit, the outcome in the other
+        _, outcome = dispatcher.publish("bench", "post", f"room-{i % 97}", {"text": f"bench {tag} {i}"})
         if outcome != "read_back.match":
             raise RuntimeError(f"a protected call ended {outcome}")
 
