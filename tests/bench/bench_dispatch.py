@@ -7,8 +7,9 @@ nothing, and records the outcome. Every system does exactly that on the same ser
   the no-op send, a conditional ``UPDATE ... WHERE state = 'authorized'`` (autocommit);
 * ``agent-once`` 0.1.0 (``once.Once(store=PostgresStore(dsn)).execute``);
 * ``exactly-once`` 0.2.1 (``exactly_once.once(Store.postgres(dsn), key=...)``);
-* ``atmostonce``: ``store.submit`` then ``Dispatcher.dispatch`` of the intent it returned, with a transport whose send and
-  read-back do nothing (submit, authorization, outcome: docs/design.md#two-durable-points-per-send).
+* ``atmostonce``: ``Dispatcher.publish`` (submit and dispatch: the intent with its authorization in one commit, the
+  outcome in the other: docs/design.md#two-durable-points-per-send), with a transport whose send and read-back do
+  nothing.
 
 PostgreSQL 15 runs with fsync on, ``pg_stat_statements`` loaded; every system's tables are
 pre-seeded with ``--seed`` settled rows. For 1 and 4 threads (each thread its own store and
@@ -373,7 +374,7 @@ def main() -> None:
             systems.append(("exactly_once 0.2.1", "bench_exactly_once", lambda dsn=dsn: exactly_once(dsn)))
         url, dsn = database("bench_aom")
         aom_seed(url, args.seed)
-        systems.append(("atmostonce Dispatcher", "bench_aom", lambda url=url: aom(url)))
+        systems.append(("atmostonce Dispatcher.publish", "bench_aom", lambda url=url: aom(url)))
         for _, _, make in systems:  # warm: imports, prepared statements, caches
             run_threads(make, 1, 50, "warm", shared=False)
         admin.execute("ANALYZE")
@@ -433,7 +434,7 @@ def sqlite_bench(calls: int, rounds: int) -> list[tuple[str, float, float]]:
     for r in range(rounds):
         for name, make in (
             ("raw sqlite3, 2 statements", lambda: (raw_call, lambda: None)),
-            ("atmostonce Dispatcher (SQLite)", lambda: aom(url)),
+            ("atmostonce Dispatcher.publish (SQLite)", lambda: aom(url)),
         ):
             n = max(200, calls // 4)
             dt, cpu, n = run_threads(make, 1, n, f"s{r}", shared=False)
@@ -456,7 +457,8 @@ def render(results, modes, sqlite_rows, args, load_before, load_after) -> str:
         f"`tests/bench/bench_dispatch.py`: PostgreSQL 15 on this machine, fsync on, every table pre-seeded with "
         f"{args.seed:,} settled rows, {args.calls:,} protected calls per system per round, the systems taking turns, "
         f"median of {args.rounds} rounds. A protected call records the intent durably before the bytes, sends to a "
-        "no-op transport and records the outcome. Load average (1, 5, 15 min) before the run "
+        "no-op transport and records the outcome (atmostonce: `Dispatcher.publish`, the intent and its authorization "
+        "in one commit, the outcome in the other). Load average (1, 5, 15 min) before the run "
         f"{load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, after {load_after[0]:.2f} "
         f"{load_after[1]:.2f} {load_after[2]:.2f}. Statements, commits and WAL syncs per call come from "
         "`pg_stat_statements`, `pg_stat_database` and `pg_stat_wal`; client CPU is this process's.",
