@@ -93,3 +93,49 @@ def test_the_reconcilers_pick_reads_one_page_of_the_index_behind_a_tied_backlog(
     after, plan = _plan(pg_store, lambda: pg_store.list_intents(state="indeterminate", limit=50, after=keys[-1]))
     assert after[0].key > keys[-1]
     _reads_a_page(plan, "aom_intents_unknown", 50)
+
+
+def test_an_authorization_behind_a_backlog_the_statistics_missed_reads_its_row_by_key(pg_databases):
+    """A queue that grew after the last ANALYZE: the statistics call the queue's partial index nearly empty. The
+    authorization of one queued intent must still read that intent's row through the primary key, from the
+    first run of its statement on a new connection (a custom plan made with the values chose the queue's
+    index there, and read the whole backlog for the one key)."""
+    import psycopg
+
+    from atmostonce_sql import open_store
+
+    url = pg_databases.fresh()
+    dsn = url.replace("postgresql+psycopg://", "postgresql://")
+    store = open_store(url, migrate=False)
+    try:
+        _tied_backlog(store, store.table.initial)
+        with store.engine.connect() as conn:
+            keys = [k for (k,) in conn.exec_driver_sql("SELECT key FROM aom_intents ORDER BY key LIMIT 6")]
+    finally:
+        store.close()
+    admin = psycopg.connect(dsn, autocommit=True)
+    try:
+        admin.execute("SELECT pg_stat_reset()")
+        store = open_store(url, migrate=False)  # new connections: no statement of theirs planned yet
+        try:
+            for k in keys:
+                store.begin_and_authorize(k, request_digest=store.get(k).request_digest)
+        finally:
+            store.close()
+        for _ in range(2000):  # the store's backends report their counts as they exit
+            others = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
+            if others == 0:
+                break
+            admin.execute("SELECT pg_sleep(0.005)")
+        read = dict(
+            admin.execute(
+                "SELECT indexrelname, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'aom_intents'"
+            ).fetchall()
+        )
+    finally:
+        admin.close()
+        pg_databases.drop(url)
+    assert read["aom_intents_claimable"] == read["aom_intents_state"] == 0, read
+    assert read["aom_intents_pkey"] > 0

@@ -518,6 +518,54 @@ def test_a_kill_switch_set_while_the_authorization_waits_for_the_row_is_obeyed(p
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("how", ["publish", "dispatch", "dispatch step by step"])
+@pytest.mark.parametrize("change", ["kill switch", "new source version"])
+def test_a_policy_change_committed_while_the_authorization_waits_for_the_rate_window_is_obeyed(
+    pg_databases, how, change
+):
+    """The account has a rate window, and another transaction has taken a slot on its row and not committed.
+    The authorization waits for that row; meanwhile a kill switch, or a new head version of the source the
+    intent rests on, commits; then the slot's transaction commits. The authorization must read the change (the
+    window row is locked before the statement whose guards read the switch and the source), so nothing is
+    sent."""
+    from atmostonce_sql import open_store
+
+    url = pg_databases.fresh()
+    store = open_store(url, migrate=False)
+    try:
+        version = store.capture_source("src-1", "version one").version
+        store.set_rate_limit("acct", 100, window_seconds=3600, operator="ops")
+        Dispatcher(store, Platform(), CONFIG).publish("acct", "post", "room-0", {"text": "first"})  # window running
+        request = ("acct", "post", "room-2", {"text": "second"})
+        platform, results = Platform(), {}
+        d = Dispatcher(store, platform, CONFIG, fused=how != "dispatch step by step")
+        if how == "publish":
+            run = lambda: d.publish(*request, source=("src-1", version))  # noqa: E731
+        else:
+            it = store.submit(*request, source=("src-1", version))
+            run = lambda: d.dispatch(it.key)  # noqa: E731
+        with psycopg.connect(_dsn(url), autocommit=True) as admin, psycopg.connect(_dsn(url)) as other:
+            other.execute("UPDATE aom_rate_limits SET used = used + 1 WHERE account = 'acct'")  # a slot, uncommitted
+            t = _in_thread(results, "run", run)
+            _until_waiting(admin, 1)
+            if change == "kill switch":
+                store.set_kill_switch("global", True, operator="ops")
+            else:
+                store.capture_source("src-1", "version two")
+            other.commit()
+            t.join()
+        outcome = results["run"]
+        outcome = outcome[1] if isinstance(outcome, tuple) else outcome
+        assert platform.sends == 0, outcome
+        # step by step, begin committed before the wait: the refused authorization parks the intent at the gate
+        stop = {"kill switch": "gate.paused", "new source version": "gate.stale_source"}[change]
+        assert outcome == ("gate.blocked" if how == "dispatch step by step" else stop)
+    finally:
+        store.close()
+        pg_databases.drop(url)
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize("move", ["authorization", "outcome"])
 def test_a_restore_declared_while_a_dispatch_writes_waits_for_it_and_never_deadlocks(pg_databases, move):
     """The restore locks the tables it resynchronizes; a fused authorization writes the intent, then its

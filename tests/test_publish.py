@@ -64,6 +64,24 @@ def test_publishing_a_queued_delivery_dispatches_that_intent_without_a_second_on
     assert (key, outcome) == (it.key, "read_back.match")
     assert events(store, key) == ["submit", "begin", "authorize_dispatch", "record_success", "confirm_read_back"]
     assert platform.sends == 1
+    # the connection that refused the one-transaction form goes on working for the next delivery
+    assert (
+        Dispatcher(store, platform, CONFIG).publish("acct", "post", "room-2", {"text": "next"})[1] == "read_back.match"
+    )
+
+
+def test_publishing_a_delivery_an_operator_requeued_sends_it_under_its_new_epoch(any_store):
+    # the operator's resend bumps the resend epoch: the request goes out under a new platform key, once
+    store = any_store.store
+    it = store.submit("acct", "post", "room-1", {"text": "again"})
+    store.park(it.key, operator="ops")
+    store.resend(it.key, operator="ops")
+    platform = Platform()
+    ends = Dispatcher(store, platform, CONFIG).publish("acct", "post", "room-1", {"text": "again"})
+    assert ends == (it.key, "read_back.match")
+    after = store.get(it.key)
+    assert (after.state, after.resend_epoch, after.attempt_count, platform.sends) == ("published", 1, 1, 1)
+    assert store.attempts(it.key)[-1].resend_epoch == 1
 
 
 def test_a_kill_switch_leaves_the_published_delivery_queued_and_sends_nothing(any_store):

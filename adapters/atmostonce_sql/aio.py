@@ -32,7 +32,7 @@ from sqlalchemy.util import greenlet_spawn
 from atmostonce.errors import StoreError
 
 from . import SQLITE_PRAGMAS, normalize_url, open_on, split_ha_mode
-from .execution import REFUSED_SQLSTATE, Executor, MoveRefused, Pipeline, durable_commits
+from .execution import REFUSED_SQLSTATE, Executor, MoveRefused, Pipeline, durable_commits, generic_plans
 from .store import SqlStore, register_sqlite_functions
 
 __all__ = [
@@ -112,6 +112,7 @@ class AsyncExecutor(Executor):
             for e in (engine, self.autocommit):
                 if not sa.event.contains(e, "connect", durable_commits):
                     sa.event.listen(e, "connect", durable_commits)
+            sa.event.listen(self.autocommit, "connect", generic_plans)
         else:
             self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 

@@ -84,8 +84,9 @@ class Statements:
 
     # -- creation -------------------------------------------------------------------------
     def creation(self) -> dict[str, Any]:
-        """The creating event: ``one`` (PostgreSQL: insert and history row in one statement) or ``insert``
-        and ``history`` (SQLite); ``existing``, the stored intent when the key was taken; ``creator``."""
+        """The creating event: ``one`` (PostgreSQL: insert and history row in one statement; ``strict``, the same
+        failing with SQLSTATE ``AOM01`` when the key was taken) or ``insert`` and ``history`` (SQLite);
+        ``existing``, the stored intent when the key was taken; ``creator``."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:  # the same on_conflict_do_nothing API as PostgreSQL's
@@ -112,9 +113,13 @@ class Statements:
         existing = sa.select(intents, store_epoch()).where(c.key == sa.bindparam("p_key"))
         if self.dialect == "postgresql":  # insert and history in one statement, one round trip
             new = ins.cte("u")
-            out: dict[str, Any] = {
-                "one": sa.select(*new.c).add_cte(self.history_insert(creator, new, opens=False).cte("h"))
-            }
+            history = self.history_insert(creator, new, opens=False).cte("h")
+            out: dict[str, Any] = {"one": sa.select(*new.c).add_cte(history)}
+            # the same, failing (SQLSTATE AOM01, migration 0010) when the key was taken: in a pipelined transaction
+            # that goes on to move the intent it creates, the moves must not apply to an intent it did not create
+            made = sa.func.aom_moved(sa.select(sa.func.count()).select_from(new).scalar_subquery(), creator.name)
+            check = sa.select(made.label("aom_moved")).subquery("chk")
+            out["strict"] = sa.select(*new.c).select_from(check.outerjoin(new, sa.true())).add_cte(history)
         else:
             src = sa.select(intents).where(c.key == sa.bindparam("p_key")).subquery("u")
             out = {"insert": ins, "history": self.history_insert(creator, src, opens=False)}

@@ -79,6 +79,7 @@ from .execution import (
 from .guards import PARAMS, SQL_GUARDS, GuardRefs, text_window_expr, window_full
 from .schema import (
     TEXT_WINDOW_SETTING,
+    approvals,
     attempt_outcomes,
     attempts,
     contracts,
@@ -344,14 +345,15 @@ class SqlStore(SqlClaims, Operations):
         ``BEGIN``, the creating statement, the two moves as one statement (:meth:`_fused`) and ``COMMIT`` in one
         round trip (:meth:`Executor.pipeline`); SQLite runs them in one transaction.
 
-        Returns ``(intent, created, moved)``: the intent as created (or as found when the key was taken:
-        ``created`` is ``False``) and the two moved rows, or ``moved`` ``None`` when the moves did not happen
+        Returns ``(intent, created, moved)``: the intent as created (``created`` is ``True``: a store may also
+        report an intent it found) and the two moved rows, or ``moved`` ``None`` when the moves did not happen
         (their gates refused, or a move needs its coupled form): the intent is then stored, unmoved, and the
         caller moves it as usual, which names any refusal. Returns ``None`` when nothing was written and the
-        caller should create and move the intent the usual way: an intent keyed by an older normalizer may
-        exist, the HA ``sync`` mode holds the authorization to its own check, on SQLite the key was taken or
-        a move refused, on PostgreSQL the duplicate-text constraint, a deadlock or another transaction's
-        hold on the row refused the moves (the whole transaction rolled back). Raises ``StoreError`` for any
+        caller should create and move the intent the usual way: the key was taken (the moves' arguments were
+        made for a new intent), an intent keyed by an older normalizer may exist, the HA ``sync`` mode holds
+        the authorization to its own check, on SQLite a move refused, on PostgreSQL the duplicate-text
+        constraint, a deadlock or another transaction's hold on the row refused the moves (the whole
+        transaction rolled back). Raises ``StoreError`` for any
         other database failure (nothing was written)."""
         if sub.earlier_keys or len(steps) != 2:
             return None
@@ -367,17 +369,15 @@ class SqlStore(SqlClaims, Operations):
             with self._tx(autocommit=True) as conn:
 
                 def body(pipe: Any) -> None:
-                    pipe.send(stmts, "one", params, every=True)
+                    pipe.send(stmts, "strict", params, every=True)  # fails, and with it the moves, on a taken key
                     pipe.send(fused, "one", fused_params, every=True)
 
                 made, rows = self._exec.pipeline(conn, False, body, every=True)
-        except (ConstraintRefused, Deadlock, LockNotAvailable):
+        except (MoveRefused, ConstraintRefused, Deadlock, LockNotAvailable):
+            # the delivery exists already (its moves are built for a new intent: epochs 0), or the moves could
+            # not be made without waiting: nothing was written
             return None
-        if made:
-            intent, created = self._intent(made[0]), True
-        else:
-            with self._tx() as conn:
-                intent, created = self._intent(conn.execute(stmts["existing"], params).mappings().one()), False
+        intent, created = self._intent(made[0]), True
         if len(rows) != 2:
             return intent, created, None
         moved = [self._intent(r) for r in rows]
@@ -698,6 +698,7 @@ class SqlStore(SqlClaims, Operations):
         """The coupled form of a move inside ``conn``'s transaction: the intent's row, then its claim's
         (and approval's) moves and its account's rate window, then the appends."""
         stmts = self._statements(ev, coupled=True)
+        self._lock_coupled_rows(conn, ev, key)
         row = conn.execute(stmts["update"], params).mappings().first()
         if row is None:
             raise self._diagnose(conn, ev, key, params, coupled=True) or Rejected(ev.name, key, "lost_race", None)
@@ -783,6 +784,34 @@ class SqlStore(SqlClaims, Operations):
         meanwhile; the statement after this lock starts after the wait and waits no more."""
         if self.dialect == "postgresql" and self._reads_beyond_row(ev):
             conn.execute(sa.select(intents.c.key).where(intents.c.key == key).with_for_update())
+
+    def _lock_coupled_rows(self, conn: Connection, ev, key: str) -> None:
+        """PostgreSQL, inside ``conn``'s transaction, before the coupled move's guarded ``UPDATE``: lock the
+        other rows the move then writes (the account's rate window row; the target's claim row and its
+        approval's), so every wait for another transaction happens here, and the ``UPDATE`` after it reads the
+        kill switch, the credential, the contract and the source in a snapshot taken after the wait. Waiting
+        on one of those rows after the ``UPDATE`` would commit guards read before the wait: a kill switch
+        committed meanwhile would be missed (READ COMMITTED)."""
+        if self.dialect != "postgresql":
+            return
+        claim = ev.couples.get("claim")
+        if not self._moves_window(ev) and claim is None:
+            return
+        it = conn.execute(
+            sa.select(intents.c.account, intents.c.target, intents.c.requires_approval).where(intents.c.key == key)
+        ).first()
+        if it is None:
+            return  # the guarded UPDATE finds no row and names the refusal
+        if self._moves_window(ev):
+            conn.execute(sa.select(rate_limits.c.account).where(rate_limits.c.account == it.account).with_for_update())
+        if claim is not None and it.requires_approval:
+            held = self._claim_row_before(conn, it.target, lock=True)
+            if held is not None and held["approval_id"] is not None:
+                conn.execute(
+                    sa.select(approvals.c.approval_id)
+                    .where(approvals.c.approval_id == held["approval_id"])
+                    .with_for_update()
+                )
 
     def _apply_coupled(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
         """The intent's move and its claim's (and approval's) in one transaction: all or nothing."""
