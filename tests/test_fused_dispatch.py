@@ -566,6 +566,51 @@ def test_a_policy_change_committed_while_the_authorization_waits_for_the_rate_wi
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("how", ["publish", "dispatch"])
+def test_a_kill_switch_committed_while_another_claim_of_the_text_is_open_is_obeyed(pg_databases, how):
+    """Another transaction is claiming the same text of the same account, as the store claims one (the account's
+    text lock, then its claim row), and has not committed. The authorization waits for it; meanwhile a kill
+    switch commits; then the other transaction rolls back, so the text is free. The authorization's guards
+    must be read after that wait: it sees the switch, and nothing is sent."""
+    from atmostonce_sql import open_store
+    from atmostonce_sql.effects import TEXT_CLAIM_LOCK_CLASS
+
+    url = pg_databases.fresh()
+    store = open_store(url, migrate=False)
+    try:
+        queued = store.submit("acct", "post", "room-1", {"text": "raced"})  # the same text, elsewhere: no claim
+        request = ("acct", "post", "room-2", {"text": "raced"})
+        platform, results = Platform(), {}
+        d = Dispatcher(store, platform, CONFIG)
+        if how == "publish":
+            run = lambda: d.publish(*request)  # noqa: E731
+        else:
+            it = store.submit(*request)
+            run = lambda: d.dispatch(it.key)  # noqa: E731
+        with psycopg.connect(_dsn(url), autocommit=True) as admin, psycopg.connect(_dsn(url)) as other:
+            other.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(concat(%s::text, ':', %s::text)))",
+                (TEXT_CLAIM_LOCK_CLASS, queued.account, queued.text_hash),
+            )
+            other.execute(
+                "INSERT INTO aom_text_claims (key, account, text_hash, start_at, end_at, released) "
+                "VALUES (%s, %s, %s, 0, 1e12, false)",
+                (queued.key, queued.account, queued.text_hash),
+            )
+            t = _in_thread(results, "run", run)
+            _until_waiting(admin, 1)
+            store.set_kill_switch("global", True, operator="ops")
+            other.rollback()
+            t.join()
+        outcome = results["run"]
+        assert platform.sends == 0, outcome
+        assert (outcome[1] if how == "publish" else outcome) == "gate.paused"
+    finally:
+        store.close()
+        pg_databases.drop(url)
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize("move", ["authorization", "outcome"])
 def test_a_restore_declared_while_a_dispatch_writes_waits_for_it_and_never_deadlocks(pg_databases, move):
     """The restore locks the tables it resynchronizes; a fused authorization writes the intent, then its

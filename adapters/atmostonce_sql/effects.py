@@ -27,7 +27,7 @@ from sqlalchemy.sql import ColumnElement
 from .guards import text_window_expr, window_full
 from .schema import attempt_outcomes, attempts, intents, meta, rate_limits, text_claims
 
-__all__ = ["SQL_EFFECTS", "SqlEffect", "rate_window_move"]
+__all__ = ["SQL_EFFECTS", "TEXT_CLAIM_LOCK_CLASS", "SqlEffect", "claims_text", "rate_window_move", "text_claim_lock"]
 
 Values = Callable[[Any, ColumnElement[Any], str], dict[str, Any]]
 Appends = Callable[[str, Any, ColumnElement[Any]], list[sa.Insert | sa.Update]]
@@ -123,6 +123,27 @@ def _release_text_slot_appends(event: str, u: Any, now: ColumnElement[Any]) -> l
         .where(text_claims.c.key == sa.select(u.key).scalar_subquery(), sa.not_(text_claims.c.released))
         .values(released=True)
     ]
+
+
+TEXT_CLAIM_LOCK_CLASS = 0x616F6D74  # "aomt": the first key of the advisory locks below, apart from other uses
+"""PostgreSQL: the class of the transaction-scoped advisory lock on one account's text (:func:`text_claim_lock`)."""
+
+
+def text_claim_lock(account: Any, text_hash: Any, *, wait: bool) -> ColumnElement[Any]:
+    """PostgreSQL: the transaction-scoped advisory lock on the account's text, which every writer of a text claim
+    holds from before its guarded statement until it commits (docs/design.md#the-duplicate-text-window). With
+    ``wait``, ``pg_advisory_xact_lock`` (waits for the holder); else ``pg_try_advisory_xact_lock`` (``false``
+    when another transaction holds it). Held this way, a claim never waits on the duplicate-text exclusion
+    constraint inside a statement whose guards were read before the wait: the claimant before it has
+    committed or rolled back by the time the lock is granted."""
+    key = sa.func.hashtext(sa.func.concat(account, ":", text_hash))
+    fn = sa.func.pg_advisory_xact_lock if wait else sa.func.pg_try_advisory_xact_lock
+    return fn(sa.literal(TEXT_CLAIM_LOCK_CLASS, sa.Integer), key)
+
+
+def claims_text(ev: Any) -> bool:
+    """Whether the move ``ev`` writes a text claim (its ``claim_text_slot`` effect)."""
+    return "claim_text_slot" in ev.effects
 
 
 def rate_window_move(now: ColumnElement[Any], check_limit: bool) -> sa.Update:

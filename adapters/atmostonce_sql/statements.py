@@ -22,7 +22,7 @@ from atmostonce.audit import HISTORY_FIELDS, reconciliation_step
 from atmostonce.names import EFFECT
 from atmostonce.table import Table
 
-from .effects import SQL_EFFECTS
+from .effects import SQL_EFFECTS, claims_text, text_claim_lock
 from .guards import PARAMS, SQL_GUARDS, GuardRefs
 from .schema import history, intents, meta, rate_limits, reconciliations, sequences
 
@@ -265,7 +265,9 @@ class Statements:
         the disk (``set_config('synchronous_commit', 'off', true)``, the statement's own transaction).
 
         ``one`` returns two rows, ``step`` 0 (the row after ``first``) and 1 (after ``second``), or none when
-        either gate refused: nothing was written, and running the moves one by one names the refusing guard.
+        either gate refused, or when a move claims the intent's text and another transaction holds the
+        account's text lock (:func:`~atmostonce_sql.effects.text_claim_lock`): nothing was written, and running
+        the moves one by one names the refusing guard (or waits for the lock first).
         Both moves in their fast form only (an approval-gated intent, an account with a rate window: no row)."""
         assert self.dialect == "postgresql", "SQLite runs the moves one by one in one write transaction"
         for ev in (first, second):
@@ -273,6 +275,10 @@ class Statements:
         off = frozenset(disabled)
         c = intents.c
         where1, values1 = self._gate(first, sa.bindparam("p_key"), off, False)
+        if claims_text(first) or claims_text(second):
+            # the account's text lock, never waited for: held by another claimant, the statement moves nothing
+            # and the store runs the moves in a transaction that waits for it before their guards are read
+            where1.append(sa.or_(c.text_hash.is_(None), text_claim_lock(c.account, c.text_hash, wait=False)))
 
         def as_column(name: str, col: Any) -> Any:
             v = values1.get(name, col)

@@ -66,7 +66,7 @@ from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
 from .claims import SqlClaims
-from .effects import SQL_EFFECTS, rate_window_move
+from .effects import SQL_EFFECTS, claims_text, rate_window_move, text_claim_lock
 from .execution import (
     REFUSED_SQLSTATE,
     TEXT_WINDOW_CONSTRAINT,
@@ -604,6 +604,8 @@ class SqlStore(SqlClaims, Operations):
         the refusal of the first move, diagnosed afterwards like a single move's; ``None`` (nothing was
         written) when a move needs its coupled form, or when a later move refused: the transaction
         path then runs the moves again and diagnoses the refusal where the earlier moves are visible."""
+        if any(claims_text(self.table.event(event)) for event, _ in steps):
+            return None  # a text claim waits for the account's text lock first: the transaction path takes it
         queued: list[tuple[Any, dict[str, Any]]] = []
 
         def body(pipe: Any) -> None:
@@ -681,6 +683,7 @@ class SqlStore(SqlClaims, Operations):
         stmts = self._statements(ev)
         params = self._params(ev, key, args, conn)
         if self.dialect == "postgresql":
+            self._lock_text(conn, ev, key)
             row = self._exec.run(conn, stmts, "one", params)
         else:
             row = self._exec.run_sqlite(conn, stmts, "update", params)
@@ -784,6 +787,17 @@ class SqlStore(SqlClaims, Operations):
         meanwhile; the statement after this lock starts after the wait and waits no more."""
         if self.dialect == "postgresql" and self._reads_beyond_row(ev):
             conn.execute(sa.select(intents.c.key).where(intents.c.key == key).with_for_update())
+            self._lock_text(conn, ev, key)
+
+    def _lock_text(self, conn: Connection, ev, key: str) -> None:
+        """PostgreSQL, inside ``conn``'s transaction, before the statement of a move that claims the intent's text:
+        wait for the account's text lock (:func:`~atmostonce_sql.effects.text_claim_lock`), held by any other
+        claimant until it commits. The move's statement then starts after that wait, and its claim never waits
+        on the exclusion constraint with guards read before (a kill switch committed meanwhile is read)."""
+        if self.dialect == "postgresql" and claims_text(ev):
+            c = intents.c
+            lock = text_claim_lock(c.account, c.text_hash, wait=True)
+            conn.execute(sa.select(lock).where(c.key == key, c.text_hash.is_not(None)))
 
     def _lock_coupled_rows(self, conn: Connection, ev, key: str) -> None:
         """PostgreSQL, inside ``conn``'s transaction, before the coupled move's guarded ``UPDATE``: lock the
@@ -794,6 +808,7 @@ class SqlStore(SqlClaims, Operations):
         committed meanwhile would be missed (READ COMMITTED)."""
         if self.dialect != "postgresql":
             return
+        self._lock_text(conn, ev, key)
         claim = ev.couples.get("claim")
         if not self._moves_window(ev) and claim is None:
             return
