@@ -388,6 +388,10 @@ class Operations(ClaimOperations):
         if sub.action_kind.startswith(RETRACTION_PREFIX):
             self._check_retraction(sub)
         it, created = self.core._create(sub)
+        return self._submitted(sub, it, created)
+
+    def _submitted(self, sub: Submission, it: Intent, created: bool) -> Intent:
+        """The intent a submission created (logged) or found (its approval requirement must match)."""
         if created:
             observe.log_move(EVENT.submit, it, {}, self.table)
         if not created and it.requires_approval != sub.requires_approval:
@@ -611,25 +615,11 @@ class Operations(ClaimOperations):
             steps = _authorization_steps(lease_seconds, send_lease_seconds, **authorization(sub))
             got = together(sub, steps)
         if got is None:  # the usual way: submit (its own commit); the caller dispatches the intent
-            it = self.submit(
-                account,
-                action_kind,
-                target,
-                request,
-                max_attempts=max_attempts,
-                max_reconciles=max_reconciles,
-                source=source,
-            )
-            return it, None
+            if sub.action_kind.startswith(RETRACTION_PREFIX):
+                self._check_retraction(sub)
+            return self._submitted(sub, *self.core._create(sub)), None
         it, created, moved = got
-        if created:
-            observe.log_move(EVENT.submit, it, {}, self.table)
-        elif it.requires_approval:
-            raise IntakeError(
-                "this delivery exists already with requires_approval=True; "
-                "an approval requirement cannot be added to or dropped from an intent",
-                field="requires_approval",
-            )
+        self._submitted(sub, it, created)
         if moved is None:
             return it, None
         begun, authorized = moved
