@@ -183,21 +183,21 @@ class PlantedStore(MemoryStore):
         if bug is not None and bug not in BUGS:
             raise ValueError(f"unknown planted bug {bug!r}; known: {', '.join(BUGS)}")
         self.bug = bug
-        self._submitted: Mapping[str, Any] | None = None
+        self._request_as_given: Mapping[str, Any] | None = None
         super().__init__(clock=clock)
 
     # -- intake ------------------------------------------------------------------------------
     def submit(self, account, action_kind, target, request, **kw):
-        self._submitted = request  # the request as given (bug 4 hashes it in that order)
+        self._request_as_given = request  # the request as given (bug 4 hashes it in that order)
         try:
             return super().submit(account, action_kind, target, request, **kw)
         finally:
-            self._submitted = None
+            self._request_as_given = None
 
     def _create(self, sub: Submission) -> tuple[Intent, bool]:
-        if self.bug == "delivery-key-noncanonical" and isinstance(self._submitted, Mapping):
+        if self.bug == "delivery-key-noncanonical" and isinstance(self._request_as_given, Mapping):
             sub = dataclasses.replace(
-                sub, key=_noncanonical_key(sub.account, sub.action_kind, sub.target, dict(self._submitted))
+                sub, key=_noncanonical_key(sub.account, sub.action_kind, sub.target, dict(self._request_as_given))
             )
         if self.bug == "text-window-unnormalized" and sub.text_hash is not None:
             raw = sub.request["text"]
