@@ -652,3 +652,15 @@ def test_a_restore_declared_while_a_dispatch_writes_waits_for_it_and_never_deadl
         worker.close()
         operator.close()
         pg_databases.drop(url)
+
+
+@pytest.mark.postgres
+def test_publishing_a_delivery_that_exists_dispatches_it_without_driver_warnings(pg_store, caplog):
+    """The one-round-trip create-and-authorize finds the key taken, rolls back and falls back to dispatching
+    the stored intent; the aborted pipeline is ours to handle, so psycopg has nothing to warn a user about."""
+    it = submit(pg_store)
+    with caplog.at_level("WARNING", logger="psycopg"):
+        key, outcome = Dispatcher(pg_store, Platform(), CONFIG).publish("acct", "post", "room-1", {"text": "hello"})
+    assert (key, outcome) == (it.key, "read_back.match")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    assert events(pg_store, it.key).count("authorize_dispatch") == 1

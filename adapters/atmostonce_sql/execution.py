@@ -372,15 +372,26 @@ class Executor:
         raw: Any = conn.connection.dbapi_connection
         pipe = Pipeline(self, raw)
         try:
-            with raw.pipeline():
-                # never prepared: psycopg prepares a statement it has run five times, and a Parse queued after a
-                # refused move is skipped by the aborted pipeline while psycopg keeps its name, so every later
-                # COMMIT on the connection would fail with "prepared statement does not exist"
-                raw.execute("BEGIN", prepare=False)
-                if lossable:
-                    raw.execute("SET LOCAL synchronous_commit = off", prepare=False)
-                body(pipe)
-                raw.execute("COMMIT", prepare=False)
+            first: psycopg.Error | None = None  # what failed inside the block: the cause, not the abort after it
+            try:
+                with raw.pipeline():
+                    try:
+                        # never prepared: psycopg prepares a statement it has run five times, and a Parse queued
+                        # after a refused move is skipped by the aborted pipeline while psycopg keeps its name, so
+                        # every later COMMIT on the connection would fail with "prepared statement does not exist"
+                        raw.execute("BEGIN", prepare=False)
+                        if lossable:
+                            raw.execute("SET LOCAL synchronous_commit = off", prepare=False)
+                        body(pipe)
+                        raw.execute("COMMIT", prepare=False)
+                    except psycopg.Error as exc:
+                        # left by the block, the pipeline would end with psycopg logging "pipeline aborted" as a
+                        # warning; kept here, its exit raises that abort, which the cause below replaces
+                        first = exc
+            except psycopg.Error as exc:
+                raise first or exc from None
+            if first is not None:
+                raise first
             return pipe.results() if every else pipe.rows()
         except psycopg.Error as exc:
             with contextlib.suppress(psycopg.Error):
