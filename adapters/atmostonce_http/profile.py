@@ -319,7 +319,8 @@ def load_profile(source: str | Path, **overrides: Any) -> PlatformProfile:
 def load_platform_file(path: str | Path) -> PlatformProfile:
     """What ``--platform-config FILE`` reads: a profile (TOML, or JSON with a ``transport`` field), or a
     JSON object of :class:`HttpPlatformConfig` fields (the format before profiles), read as an HTTP profile
-    classified by ``http_outcomes.toml``. Raises :class:`ProfileError`."""
+    classified by ``http_outcomes.toml``; that format has no ``[tombstone]``, so a fenced lookup in it is refused
+    (``MISSING`` at ``tombstone``), as in a profile without one. Raises :class:`ProfileError`."""
     where = str(path)
     if where.endswith(".toml"):
         return parse_profile(_read_fresh(where), where=where)
@@ -331,6 +332,15 @@ def load_platform_file(path: str | Path) -> PlatformProfile:
     except ValueError as exc:
         code, field = _config_fault(HttpPlatformConfig, data, None)
         raise ProfileError(f"{where}: {exc}", code=code, where=field, path=where) from exc
+    if config.capabilities.fenced_lookup:  # this format has no [tombstone]: the contract could not be stated
+        raise ProfileError(
+            f"{where}: lookup_fenced = true needs a [tombstone] declaration, which a file of HttpPlatformConfig "
+            "fields cannot carry: write a profile (TOML, or JSON with a transport field) with a [tombstone] table "
+            "(docs/design.md, 'A fence is a tombstone')",
+            code=Code.MISSING,
+            where="tombstone",
+            path=where,
+        )
     return PlatformProfile(
         name=Path(where).stem,
         transport="http",

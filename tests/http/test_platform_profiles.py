@@ -212,6 +212,18 @@ def test_a_json_file_of_config_fields_is_refused_at_the_field(tmp_path, fields, 
     assert info.value.as_dict() == {"code": code, "where": where, "path": str(path)}
 
 
+def test_a_json_file_of_config_fields_cannot_declare_a_fenced_lookup_without_its_tombstone(tmp_path):
+    """A not-found lookup proves absence only under a stated tombstone; the old JSON format has no place to
+    state it, so a fenced lookup there is refused as a profile without its [tombstone] is."""
+    path = tmp_path / "platform.json"
+    path.write_text(json.dumps({"base_url": "http://x:1", "lookup_path": "/p?k={key}", "lookup_fenced": True}))
+    with pytest.raises(ProfileError) as info:
+        load_platform_file(path)
+    assert info.value.as_dict() == {"code": Code.MISSING, "where": "tombstone", "path": str(path)}
+    path.write_text(json.dumps({"base_url": "http://x:1", "lookup_path": "/p?k={key}"}))
+    assert not load_platform_file(path).config.capabilities.fenced_lookup
+
+
 def test_a_fenced_lookup_declares_its_tombstone():
     fenced = _profile(
         http={"base_url": "http://x:1", "lookup_path": "/p?k={key}", "lookup_fenced": True},
