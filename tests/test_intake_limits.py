@@ -383,6 +383,9 @@ def test_a_source_is_checked_and_carried():
         (("s", "v" * 129), ("source version", IntakeCode.TOO_LONG, 128)),
         ((" ", "v"), ("source id", IntakeCode.EMPTY, None)),
         (("s", 3), ("source version", IntakeCode.NOT_STRING, None)),
+        ("ab", ("source", IntakeCode.WRONG_TYPE, None)),  # never read as the pair ("a", "b")
+        (("s", "v", "x"), ("source", IntakeCode.WRONG_TYPE, None)),
+        ({"s": "v"}, ("source", IntakeCode.WRONG_TYPE, None)),
     ):
         assert refusal(prepare_submission, "acct", "post", "room-1", {"text": "hi"}, source=source) == want
 

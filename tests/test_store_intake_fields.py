@@ -42,3 +42,10 @@ def test_the_move_log_record_names_the_outcome_the_table_maps_to_a_move_without_
     store.confirm_read_back(lease)
     recs = [r for r in caplog.records if r.name == "atmostonce.moves"]
     assert [(r.event, r.state, r.outcome) for r in recs] == [("confirm_read_back", "published", "read_back.match")]
+
+
+def test_a_source_that_is_not_a_pair_is_refused_and_nothing_is_stored(store):
+    with pytest.raises(IntakeError) as info:
+        store.submit("acct", "post", "room-1", {"text": "about one"}, source="https://example.org/a")
+    assert (info.value.field, info.value.code) == ("source", IntakeCode.WRONG_TYPE)
+    assert store.list_intents() == []

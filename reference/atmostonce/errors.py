@@ -156,7 +156,8 @@ class IntakeCode(enum.StrEnum):
     OUT_OF_RANGE = "out_of_range"
     """a number outside its range; :attr:`IntakeError.limit` is the bound it crossed"""
     WRONG_TYPE = "wrong_type"
-    """an object of another type than the one a call hands back (a ``Lease``, a ``Plan``, an ``Intent``)"""
+    """an object of another type than the one a call hands back (a ``Lease``, a ``Plan``, an ``Intent``), or
+    than the shape an argument takes (``source``: a ``(source id, source version)`` pair)"""
 
 
 class IntakeError(AtMostOnceError, ValueError):

@@ -388,6 +388,20 @@ def _positive_int(name: str, v: Any) -> int:
     return v
 
 
+def _source_pair(source: Any) -> tuple[Any, Any]:
+    """``source`` as the ``(source id, source version)`` pair it must be: a tuple or list of two (a string, whose
+    first two characters would otherwise be taken for the pair, is refused). Raises :class:`IntakeError`
+    (``WRONG_TYPE``)."""
+    if not isinstance(source, (tuple, list)) or len(source) != 2:
+        raise IntakeError(
+            f"source must be a (source id, source version) pair, got {type(source).__name__}"
+            + (f" of {len(source)}" if isinstance(source, (tuple, list)) else ""),
+            field="source",
+            code=IntakeCode.WRONG_TYPE,
+        )
+    return source[0], source[1]
+
+
 def prepare_submission(
     account: str,
     action_kind: str,
@@ -441,7 +455,7 @@ def prepare_submission(
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
         text_hash=text_digest(stored[text_field]) if isinstance(stored.get(text_field), str) else None,
         normalizer_version=identity.NORMALIZER_VERSION,
-        source_id=None if source is None else check_text("source id", source[0], max_chars=2048),
+        source_id=None if source is None else check_text("source id", _source_pair(source)[0], max_chars=2048),
         source_version=None if source is None else check_text("source version", source[1], max_chars=128),
         requires_approval=_flag("requires_approval", requires_approval),
         # the same delivery under each older normalizer still recognized: found, never duplicated
