@@ -98,3 +98,25 @@ def test_intents_show_names_the_key_a_resend_goes_out_under(capsys, cli_db):
     assert rc == EXIT_OK and after.resend_epoch == 1
     assert doc["idempotency_key"] == platform_idempotency_key(after.key, 1, after.fence_epoch)
     assert doc["idempotency_key"] != after.key
+
+
+def test_intents_show_says_nothing_was_sent_for_an_intent_with_no_attempt(capsys, cli_db):
+    url, store = cli_db
+    it = store.submit("acct", "post", "room-n", {"text": "still queued"})
+    rc, out, _ = run_cli(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == EXIT_OK and store.get(it.key).attempt_count == 0
+    assert "  not sent yet: no attempt has been opened" in out.splitlines()
+    assert "sent under" not in out
+    rc, out, _ = run_cli(capsys, "--json", "intents", "show", it.key, "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_OK and doc["sent_under"] == [] and doc["attempts"] == []
+    assert doc["idempotency_key"] == platform_idempotency_key(it.key, 0, 0)  # the key its first send will use
+
+
+def test_intents_show_says_sent_under_once_an_attempt_was_opened(capsys, cli_db):
+    url, store = cli_db
+    it, _ = to_state(store, "indeterminate")
+    [attempt] = store.attempts(it.key)
+    rc, out, _ = run_cli(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == EXIT_OK and f"  sent under {attempt.idempotency_key}" in out.splitlines()
+    assert "not sent yet" not in out

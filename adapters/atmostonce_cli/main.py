@@ -250,6 +250,13 @@ def cmd_intents_show(args) -> int:
             + (", ".join(f"{a.approval_id} {a.state} by {a.approver}" for a in apvs) or "(none yet)"),
             f"  target claim: {claim.state if claim else 'none'}" + (" (bound to this intent)" if bound else ""),
         ]
+    # "sent under" only once an attempt was opened: an intent with none has sent nothing, under no key
+    if not atts:
+        sent_line = "  not sent yet: no attempt has been opened"
+    elif not sent_under:  # attempts begun before migration 0005 did not record their epochs
+        sent_line = f"  sent under (not recorded for its {len(atts)} attempt(s))"
+    else:
+        sent_line = f"  sent under {', '.join(sent_under)}"
     text = "\n".join(
         [
             f"intent {it.key}",
@@ -258,7 +265,7 @@ def cmd_intents_show(args) -> int:
             f"  attempts {it.attempt_count}/{it.max_attempts}  reconciles {it.reconcile_count}/{it.max_reconciles}"
             f"  resend epoch {it.resend_epoch}  fence epoch {it.fence_epoch}  remote id {it.remote_id or '-'}",
             f"  idempotency key (the next send's) {idem}",
-            f"  sent under {', '.join(sent_under) or '(not sent yet)'}",
+            sent_line,
             f"  request body {json.dumps(body, sort_keys=True, ensure_ascii=False)}",
             "history (ordered by store sequence; wall time is context only):",
             _table(rows, ["seq", "event", "actor", "from", "to", "generation", "wall_time", "detail"]),
