@@ -120,3 +120,53 @@ def test_intents_show_says_sent_under_once_an_attempt_was_opened(capsys, cli_db)
     rc, out, _ = run_cli(capsys, "intents", "show", it.key, "--database-url", url)
     assert rc == EXIT_OK and f"  sent under {attempt.idempotency_key}" in out.splitlines()
     assert "not sent yet" not in out
+
+
+def test_work_exits_non_zero_while_an_earlier_runs_unknown_send_stays_unknown(capsys, cli_db, tmp_path):
+    url, store = cli_db
+    earlier, _ = to_state(store, "indeterminate")  # left unknown by an earlier run
+    fresh = store.submit("acct", "post", "room-fresh", {"text": "sends fine"})
+    with PlatformSink() as sink:  # its lookup is not fenced: a not-found proves nothing, the send stays unknown
+        rc, out, _ = run_cli(
+            capsys, "--json", "work", "--platform-config", _config(tmp_path, sink), "--database-url", url
+        )
+    doc = json.loads(out)
+    assert store.get(earlier.key).state == "indeterminate" and store.get(fresh.key).state == "published"
+    assert rc == EXIT_STORE
+    assert doc["unsettled"] == [{"key": earlier.key, "outcome": None, "state": "indeterminate"}]
+    with PlatformSink() as sink:
+        rc, out, _ = run_cli(capsys, "work", "--platform-config", _config(tmp_path, sink), "--database-url", url)
+    assert rc == EXIT_STORE and earlier.key in out and "sent before this pass, outcome still unknown" in out
+
+
+def test_work_exits_non_zero_when_its_sweep_finds_a_lapsed_send_lease(capsys, cli_db, tmp_path):
+    from atmostonce_sql.testing import age_leases
+
+    url, store = cli_db
+    it, _ = to_state(store, "authorized")  # a worker authorized the send and vanished: bytes may have left
+    age_leases(store, 3600)
+    with PlatformSink() as sink:
+        rc, out, _ = run_cli(
+            capsys, "--json", "work", "--platform-config", _config(tmp_path, sink), "--database-url", url
+        )
+        assert sink.creates == 0  # never resent
+    doc = json.loads(out)
+    assert store.get(it.key).state == "indeterminate"
+    assert rc == EXIT_STORE and doc["unsettled"] == [{"key": it.key, "outcome": None, "state": "indeterminate"}]
+
+
+def test_work_exit_code_ignores_published_and_parked_intents_of_earlier_runs(capsys, cli_db, tmp_path):
+    url, store = cli_db
+    published, _ = to_state(store, "published")
+    parked, _ = to_state(store, "parked", text="a person has it")  # a person's now: not this pass's to report
+    pending = store.submit("acct", "post", "room-p", {"text": "queued"})
+    with PlatformSink() as sink:
+        rc, out, _ = run_cli(
+            capsys, "--json", "work", "--platform-config", _config(tmp_path, sink), "--database-url", url
+        )
+    assert rc == EXIT_OK and json.loads(out) == {"read_back.match": 1}
+    assert [store.get(k).state for k in (published.key, parked.key, pending.key)] == [
+        "published",
+        "parked",
+        "published",
+    ]

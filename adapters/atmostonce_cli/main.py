@@ -1,7 +1,8 @@
 """``atmostonce``: the demo, operator commands, migrations and table checks.
 
 Exit codes: 0 success; 1 a refused move (the table or a guard said no) or a
-demo that found duplicates; 2 bad usage or input; 3 a store or platform error.
+demo that found duplicates; 2 bad usage or input; 3 a store or platform error,
+or a ``work`` pass that ended with a send whose outcome is unknown.
 ``--json`` prints machine-readable output on stdout; errors go to stderr.
 """
 
@@ -331,6 +332,17 @@ def _platform(args):
     return _profile(args).http_transport()
 
 
+def _all_intents(store: Store, states: Sequence[str], page: int = 1000) -> list[Intent]:
+    """Every intent in ``states``, read in pages of ``page`` (creation order)."""
+    found: list[Intent] = []
+    for state in states:
+        after: str | None = None
+        while batch := store.list_intents(state=state, limit=page, after=after):
+            found += batch
+            after = batch[-1].key
+    return found
+
+
 def cmd_work(args) -> int:
     from atmostonce.names import OUTCOME
     from atmostonce.runtime import Dispatcher, Reconciler, Sweeper
@@ -359,18 +371,27 @@ def cmd_work(args) -> int:
             counts[f"reconcile:{name}"] = counts.get(f"reconcile:{name}", 0) + n
     finally:
         transport.close()
-    # a send whose outcome stayed unknown after this pass's reconciliation needs looking at: name it, exit 3
+    # a send whose outcome is still unknown after this pass's reconciliation needs looking at: name it, exit 3.
+    # First this pass's own sends (with the outcome that left them unknown), then every other intent still in
+    # an unknown state: sent before this pass, by an earlier run or a worker whose send lease the sweep found
+    # lapsed (outcome None: this pass sent nothing for it)
     settled = (STATE.published, STATE.failed, STATE.pending)
-    unsettled = [
+    unsettled: list[dict[str, Any]] = [
         {"key": key, "outcome": name, "state": st}
         for key, name in left_unknown.items()
         if (st := store.get(key).state) not in settled
+    ]
+    unsettled += [
+        {"key": it.key, "outcome": None, "state": it.state}
+        for it in _all_intents(store, unknown)
+        if it.key not in left_unknown
     ]
     text = "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to do"
     if unsettled:
         counts["unsettled"] = unsettled
         text += "".join(
-            f"\n{u['key']}  {u['outcome']}: now {u['state']} (not resent; see atmostonce intents show {u['key'][:16]})"
+            f"\n{u['key']}  {u['outcome'] or 'sent before this pass, outcome still unknown'}: now {u['state']} "
+            f"(not resent; see atmostonce intents show {u['key'][:16]})"
             for u in unsettled
         )
     if cannot_retract:
@@ -998,7 +1019,17 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("key")
     sh.set_defaults(func=cmd_intents_show)
 
-    wk = db(sub.add_parser("work", help="one worker pass: sweep, dispatch pending intents, reconcile unknown ones"))
+    wk = db(
+        sub.add_parser(
+            "work",
+            help="one worker pass: sweep, dispatch pending intents, reconcile unknown ones",
+            description="One worker pass: sweep, dispatch pending intents, reconcile unknown ones. Exits 3 when "
+            "the pass ends with a send whose outcome is unknown (a send of this pass left unknown, or an intent "
+            "still indeterminate from before the pass), each named (--json: unsettled); nothing is resent, a "
+            "person settles them (intents show, resolve, park). Otherwise the usual codes: 0 done, 2 bad input, "
+            "3 database error.",
+        )
+    )
     wk.add_argument(
         "--platform-config",
         help="platform profile: TOML (spec/platforms/*.toml) or JSON of HttpPlatformConfig fields",
