@@ -347,6 +347,15 @@ class _HttpCore:
         self._table = table if table is not None else outcome_table()
         self._base = self.config.base_url.rstrip("/")
 
+    @property
+    def send_timeout_seconds(self) -> float:
+        """Seconds one send may wait in its phases added up: a free connection (bounded by ``connect_timeout``),
+        connecting, writing, reading (``connect_timeout * 2 + write_timeout + read_timeout``). A lower bound of
+        the longest send: each read is bounded, not the whole answer. The dispatcher warns when its send lease
+        is not longer (``atmostonce.runtime.Dispatcher``)."""
+        cfg = self.config
+        return cfg.connect_timeout * 2 + cfg.write_timeout + cfg.read_timeout
+
     def _client_options(self) -> dict[str, Any]:
         """The keyword arguments of the httpx client (either kind); its transport is passed beside them."""
         cfg = self.config

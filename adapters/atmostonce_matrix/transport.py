@@ -311,6 +311,16 @@ class MatrixTransport:
             raise
 
     # ---------------------------------------------------------------- state file and journal
+
+    @property
+    def send_timeout_seconds(self) -> float:
+        """Seconds one send may wait in its phases added up (a free connection, connecting, writing, reading:
+        ``connect_timeout * 2 + write_timeout + read_timeout``); a lower bound of the longest send (a login
+        first, or a slow answer read in parts, takes longer). The dispatcher warns when its send lease is not
+        longer (``atmostonce.runtime.Dispatcher``)."""
+        cfg = self.config
+        return cfg.connect_timeout * 2 + cfg.write_timeout + cfg.read_timeout
+
     def _acquire_state_lock(self) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         f = open(str(self.state_path) + ".lock", "a+")  # held until close()

@@ -231,7 +231,11 @@ def _descriptor(transport: Transport, wire: WireRequest) -> dict[str, Any]:
 class Dispatcher:
     """Runs one dispatch of one intent. ``work(intent)`` is the caller's expensive step
     (runs after ``begin``, before ``authorize_dispatch``); ``crash(point)`` may raise
-    :class:`SimulatedCrash` at any of :data:`CRASH_POINTS`."""
+    :class:`SimulatedCrash` at any of :data:`CRASH_POINTS`. A transport that states how long one send may
+    wait (``send_timeout_seconds``, as the HTTP and Matrix transports do) is checked against
+    ``config.send_lease_seconds``: a lease not longer than it is logged as a warning on ``atmostonce.runtime``
+    (the record's ``send_lease_seconds`` and ``send_timeout_seconds``), since an answer that comes after the
+    lease leaves the send unknown."""
 
     store: WorkerStore
     transport: Transport
@@ -249,6 +253,21 @@ class Dispatcher:
     boundaries exist only when each move commits on its own); ``False``: every move its own commit.
     An approval-gated intent always goes step by step (its claim is reserved between the moves).
     On the fused path a crash hook sees only ``after_authorize`` and ``after_send``."""
+
+    def __post_init__(self) -> None:
+        bound = getattr(self.transport, "send_timeout_seconds", None)
+        if isinstance(bound, int | float) and not isinstance(bound, bool) and self.config.send_lease_seconds <= bound:
+            # not refused (a test may shorten the lease on purpose), but a surprise in production: an answer
+            # that comes after the lease is not recorded as the send's outcome, which stays unknown
+            log.warning(
+                "send lease of %s s is not longer than the %s transport's send timeouts (%s s): a send answered "
+                "after its lease is recorded as unknown and settled by reconciliation; raise "
+                "RuntimeConfig.send_lease_seconds above the timeouts",
+                self.config.send_lease_seconds,
+                getattr(self.transport, "name", "?"),
+                bound,
+                extra={"send_lease_seconds": self.config.send_lease_seconds, "send_timeout_seconds": bound},
+            )
 
     def _point(self, name: str) -> None:
         if self.crash is not None:
