@@ -397,6 +397,61 @@ def test_the_one_statement_moves_write_what_the_moves_one_by_one_write(pg_store,
 
 
 @pytest.mark.postgres
+def test_publish_s_one_statement_writes_what_submit_and_the_moves_one_by_one_write(pg_store, monkeypatch):
+    """A publish on PostgreSQL creates the intent already authorized in one statement; what it leaves (intent,
+    history in order, attempt, hash chain) is what the creating statement and the two moves leave when run
+    one after the other, as a refused or taken key makes the store do, apart from each intent's own
+    identities and times."""
+    from atmostonce.audit import verify_store
+    from atmostonce_sql.store import SqlStore
+
+    def publish(text):
+        key, outcome = Dispatcher(pg_store, Platform(), CONFIG).publish("acct", "post", "room-1", {"text": text})
+        assert outcome == "read_back.match"
+        return key
+
+    seen = []
+    one = SqlStore._create_and_apply
+    monkeypatch.setattr(
+        SqlStore, "_create_and_apply", lambda self, sub, steps: seen.append(one(self, sub, steps)) or seen[-1]
+    )
+    created = publish("one statement")
+    assert seen[-1] is not None and seen[-1][2] is not None  # the one statement created and moved it
+    monkeypatch.setattr(SqlStore, "_create_and_apply", lambda self, sub, steps: None)
+    usual = publish("submit, then the moves")
+
+    def own_key(detail):  # the idempotency key in a descriptor is the intent's own
+        if "descriptor" not in detail:
+            return detail
+        return detail | {"descriptor": {k: v for k, v in detail["descriptor"].items() if k != "idempotency_key"}}
+
+    def shape(key):
+        own = {"key", "request", "request_digest", "text_hash", "attempt_token", "generation", "remote_id"}
+        times = {"lease_expires_at", "created_at", "updated_at"}
+        intent = {k: v for k, v in vars(pg_store.get(key)).items() if k not in own | times}
+        intent["descriptor"] = own_key({"descriptor": intent["descriptor"]})["descriptor"]
+        history = [
+            (
+                h.event,
+                h.actor,
+                h.from_state,
+                h.to_state,
+                h.attempt_token is not None,
+                h.generation is not None,
+                own_key(h.detail),
+            )
+            for h in pg_store.history(key)
+        ]
+        attempts = [(a.number, a.outcomes, a.resend_epoch, a.fence_epoch) for a in pg_store.attempts(key)]
+        return intent, history, attempts
+
+    assert shape(created) == shape(usual)
+    assert [h.event for h in pg_store.history(created)][:3] == ["submit", "begin", "authorize_dispatch"]
+    assert [h.seq for h in pg_store.history(created)] == sorted(h.seq for h in pg_store.history(created))
+    assert verify_store(pg_store, [created, usual]).breaks == ()
+
+
+@pytest.mark.postgres
 def test_a_store_told_to_keep_outcomes_durable_commits_them_synchronously(pg_databases, monkeypatch):
     from atmostonce_sql import open_store
 

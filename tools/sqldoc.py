@@ -152,6 +152,19 @@ def render_doc() -> str:
     ):
         sql = render(pg.fused(t.event(first), t.event(second), chained, lossable)["one"], "postgresql")
         lines += [f"### `{first}` then `{second}`", "", what, "", *_block(sql)]
+    creating = pg.fused(t.event(EVENT.begin), t.event(EVENT.authorize_dispatch), True, False, creating=True)
+    lines += [
+        f"### `{EVENT.submit}`, `{EVENT.begin}` then `{EVENT.authorize_dispatch}`",
+        "",
+        "The authorization of a new delivery (`submit_and_authorize`, what `Dispatcher.publish` runs): `v` is the "
+        "row the creating event would insert (its values `:p0_<name>`), both gates are read on it, and `u` "
+        "inserts the row as `authorize_dispatch` leaves it (`ON CONFLICT (key) DO NOTHING`); the creation's "
+        "history row (`h0`) comes first, then each move's rows. It returns the row as created (`step` -1) and "
+        "after each move, or none when the key is taken or a gate refused; the store then submits and moves "
+        "the intent the usual way.",
+        "",
+        *_block(render(creating["one"], "postgresql")),
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 

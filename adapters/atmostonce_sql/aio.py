@@ -138,7 +138,7 @@ class AsyncExecutor(Executor):
         row = result.mappings().first()
         return None if row is None else dict(row)
 
-    def pipeline(self, conn: Connection, lossable: bool, body: Callable[[Pipeline], None], every: bool = False) -> Any:
+    def pipeline(self, conn: Connection, lossable: bool, body: Callable[[Pipeline], None]) -> list[dict[str, Any]]:
         """The pipelined transaction sent statement by statement on the autocommit connection ``conn``:
         ``BEGIN``, (``SET LOCAL synchronous_commit = off``), each move as ``body`` queues it, ``COMMIT``; a move
         that moved no row raises ``AOM01`` in the database, the transaction is rolled back and
@@ -150,7 +150,7 @@ class AsyncExecutor(Executor):
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
             body(pipe)
             conn.exec_driver_sql("COMMIT")
-            return pipe.results() if every else pipe.rows()
+            return pipe.rows()
         except sa.exc.DBAPIError as exc:
             if not exc.connection_invalidated:
                 with contextlib.suppress(sa.exc.DBAPIError):
@@ -173,12 +173,8 @@ class _SentPipeline(Pipeline):
     def __init__(self, executor: AsyncExecutor, conn: Connection):
         super().__init__(executor, None)
         self._conn = conn
-        self._all: list[list[dict[str, Any]]] = []
 
-    def send(self, stmts: dict[str, Any], name: str, params: Mapping[str, Any], every: bool = False) -> None:
-        if every:
-            self._all.append([dict(r) for r in self._conn.execute(stmts[name], dict(params)).mappings()])
-            return
+    def send(self, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> None:
         row = self._conn.execute(stmts[name], dict(params)).mappings().first()
         if row is None:  # aom_moved raises first; an empty answer is no move either
             raise StoreError(f"pipelined move {name!r} returned no row")
@@ -186,9 +182,6 @@ class _SentPipeline(Pipeline):
 
     def rows(self) -> list[dict[str, Any]]:
         return list(self._rows)
-
-    def results(self) -> list[list[dict[str, Any]]]:
-        return list(self._all)
 
 
 class _GreenStore:

@@ -359,14 +359,12 @@ class Executor:
         finally:
             cur.close()
 
-    def pipeline(self, conn: Connection, lossable: bool, body: Callable[[Pipeline], None], every: bool = False) -> Any:
+    def pipeline(self, conn: Connection, lossable: bool, body: Callable[[Pipeline], None]) -> list[dict[str, Any]]:
         """PostgreSQL: ``BEGIN``, what ``body`` queues on the :class:`Pipeline`, and ``COMMIT``, sent through
         psycopg's pipeline on the autocommit connection ``conn`` (with ``lossable``, the transaction commits
         with ``synchronous_commit = off``). Every queued move fails when it moved no row, which aborts the
-        transaction, so the COMMIT applies every move or none. Returns the moved rows in order (with
-        ``every``: each queued statement's list of rows, for statements queued with ``every=True``, whose
-        returning no row is not a failure); raises :class:`MoveRefused` when a move moved no row (the
-        transaction rolled back)."""
+        transaction, so the COMMIT applies every move or none. Returns the moved rows in order; raises
+        :class:`MoveRefused` when a move moved no row (the transaction rolled back)."""
         import psycopg
 
         raw: Any = conn.connection.dbapi_connection
@@ -392,7 +390,7 @@ class Executor:
                 raise first or exc from None
             if first is not None:
                 raise first
-            return pipe.results() if every else pipe.rows()
+            return pipe.rows()
         except psycopg.Error as exc:
             with contextlib.suppress(psycopg.Error):
                 raw.execute("ROLLBACK", prepare=False)
@@ -409,17 +407,11 @@ class Pipeline:
     def __init__(self, executor: Executor, raw: Any):
         self._executor, self._raw = executor, raw
         self._queued: list[tuple[Any, dict[str, Any]]] = []
-        self._every: list[tuple[Any, dict[str, Any], str]] = []
         self._rows: list[dict[str, Any]] = []
 
-    def send(self, stmts: dict[str, Any], name: str, params: Mapping[str, Any], every: bool = False) -> None:
-        """Queue a cached statement (a move's ``strict`` form); its row is read by :meth:`rows`. With ``every``,
-        any statement ``name`` of ``stmts``, whose rows (none, one or more) :meth:`results` reads."""
-        cur = self._executor.send(self._raw, stmts, name, params)
-        if every:
-            self._every.append((cur, stmts, name))
-        else:
-            self._queued.append((cur, stmts))
+    def send(self, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> None:
+        """Queue a cached statement (a move's ``strict`` form); its row is read by :meth:`rows`."""
+        self._queued.append((self._executor.send(self._raw, stmts, name, params), stmts))
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows of every move queued so far (waiting for the ones not read yet: one round trip)."""
@@ -428,11 +420,3 @@ class Pipeline:
             self._rows.append(self._executor._named(stmts, "strict", cur, row))
             cur.close()
         return list(self._rows)
-
-    def results(self) -> list[list[dict[str, Any]]]:
-        """Every row of each statement queued with ``every=True``, in the order they were queued."""
-        out = []
-        for cur, stmts, name in self._every:
-            out.append([self._executor._named(stmts, name, cur, row) for row in cur.fetchall()])
-            cur.close()
-        return out

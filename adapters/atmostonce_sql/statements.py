@@ -84,28 +84,17 @@ class Statements:
 
     # -- creation -------------------------------------------------------------------------
     def creation(self) -> dict[str, Any]:
-        """The creating event: ``one`` (PostgreSQL: insert and history row in one statement; ``strict``, the same
-        failing with SQLSTATE ``AOM01`` when the key was taken) or ``insert`` and ``history`` (SQLite);
+        """The creating event: ``one`` (PostgreSQL: insert and history row in one statement) or ``insert`` and
+        ``history`` (SQLite);
         ``existing``, the stored intent when the key was taken; ``creator``."""
         if self.dialect == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:  # the same on_conflict_do_nothing API as PostgreSQL's
             from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
         c = intents.c
-        values: dict[str, Any] = {name: sa.bindparam(f"p_{name}", type_=c[name].type) for name in SUBMITTED}
-        values |= {
-            "state": self.table.initial,
-            "attempt_count": 0,
-            "reconcile_count": 0,
-            "resend_epoch": 0,
-            "fence_epoch": 0,
-            "history_count": 1,
-            "created_at": self.now,
-            "updated_at": self.now,
-        }
         ins = (
             insert(intents)
-            .values(**values)
+            .values(**self._created_values())
             .on_conflict_do_nothing(index_elements=["key"])
             .returning(*intents.c, store_epoch())
         )
@@ -115,15 +104,26 @@ class Statements:
             new = ins.cte("u")
             history = self.history_insert(creator, new, opens=False).cte("h")
             out: dict[str, Any] = {"one": sa.select(*new.c).add_cte(history)}
-            # the same, failing (SQLSTATE AOM01, migration 0010) when the key was taken: in a pipelined transaction
-            # that goes on to move the intent it creates, the moves must not apply to an intent it did not create
-            made = sa.func.aom_moved(sa.select(sa.func.count()).select_from(new).scalar_subquery(), creator.name)
-            check = sa.select(made.label("aom_moved")).subquery("chk")
-            out["strict"] = sa.select(*new.c).select_from(check.outerjoin(new, sa.true())).add_cte(history)
         else:
             src = sa.select(intents).where(c.key == sa.bindparam("p_key")).subquery("u")
             out = {"insert": ins, "history": self.history_insert(creator, src, opens=False)}
         return out | {"existing": existing, "creator": creator}
+
+    def _created_values(self) -> dict[str, Any]:
+        """The columns the creating event sets: each submitted one from ``:p_<column>``, the initial state, the
+        counters at zero (one history row), both times from the clock; the rest are the columns' defaults."""
+        c = intents.c
+        values: dict[str, Any] = {name: sa.bindparam(f"p_{name}", type_=c[name].type) for name in SUBMITTED}
+        return values | {
+            "state": self.table.initial,
+            "attempt_count": 0,
+            "reconcile_count": 0,
+            "resend_epoch": 0,
+            "fence_epoch": 0,
+            "history_count": 1,
+            "created_at": self.now,
+            "updated_at": self.now,
+        }
 
     def find(self) -> sa.Select[Any]:
         """The intent by ``:p_key``, with the store's restore epoch."""
@@ -248,7 +248,13 @@ class Statements:
         return {"update": update, "appends": self.appends(ev, src, returning=False), "columns": tuple(columns)}
 
     def fused(
-        self, first: Any, second: Any, lease_from_first: bool, lossable: bool, disabled: Iterable[str] = ()
+        self,
+        first: Any,
+        second: Any,
+        lease_from_first: bool,
+        lossable: bool,
+        disabled: Iterable[str] = (),
+        creating: bool = False,
     ) -> dict[str, Any]:
         """PostgreSQL: the moves ``first`` then ``second`` of one intent as one statement, one round trip and one
         commit in autocommit (docs/design.md#two-durable-points-per-send). Each keeps its own gate: ``s`` is the
@@ -268,7 +274,15 @@ class Statements:
         either gate refused, or when a move claims the intent's text and another transaction holds the
         account's text lock (:func:`~atmostonce_sql.effects.text_claim_lock`): nothing was written, and running
         the moves one by one names the refusing guard (or waits for the lock first).
-        Both moves in their fast form only (an approval-gated intent, an account with a rate window: no row)."""
+        Both moves in their fast form only (an approval-gated intent, an account with a rate window: no row).
+
+        ``creating``: the intent is new, and the statement creates it too, still one statement: ``v`` is the row
+        the creating event would insert (:meth:`creation`'s values, each caller value named ``:p0_<name>``), both
+        gates are read on it, and the row as ``second`` leaves it is inserted (``INSERT ... ON CONFLICT (key) DO
+        NOTHING``) with the three history rows in order (the creation's, ``first``'s, ``second``'s), as the
+        creating statement and the two moves write them one after the other. ``one`` then returns three rows,
+        ``step`` -1 (the row as created) first, or none when the key is taken or either gate refused: nothing
+        was written, and the store creates the intent and moves it the usual way, which names the refusal."""
         assert self.dialect == "postgresql", "SQLite runs the moves one by one in one write transaction"
         for ev in (first, second):
             assert reconciliation_step(self.table, ev.name) is None or ev is second, ev.name
@@ -280,18 +294,40 @@ class Statements:
             # and the store runs the moves in a transaction that waits for it before their guards are read
             where1.append(sa.or_(c.text_hash.is_(None), text_claim_lock(c.account, c.text_hash, wait=False)))
 
-        def as_column(name: str, col: Any) -> Any:
-            v = values1.get(name, col)
+        def as_column(name: str, col: Any, values: Mapping[str, Any]) -> Any:
+            v = values.get(name, col)
             if not isinstance(v, sa.ColumnElement):
                 v = sa.cast(sa.null(), col.type) if v is None else sa.literal(v, col.type)
             return v.label(name)
 
-        s = (
-            sa.select(*[as_column(name, col) for name, col in c.items()], store_epoch())
-            .where(*where1)
-            .with_for_update(of=intents, nowait=True)
-            .cte("s")
-        )
+        s: Any
+        v: Any
+        if creating:
+            # the row the creating event would insert, its caller values renamed :p0_<name>; first's gate and SET
+            # read it where they would read the stored row
+            created = _renamed(self._created_values(), "p0_")
+            created = {name: created.get(name) for name in c.keys()}  # a column it does not set: NULL, its default
+            v = sa.select(*[as_column(n, col, created) for n, col in c.items()]).cte("v")
+            on_v: dict[Any, Any] = {col: v.c[name] for name, col in c.items()}
+
+            def on_row(element: Any, **kw: Any) -> Any:
+                return on_v.get(element)
+
+            def reads_v(expr: Any) -> Any:
+                return visitors.replacement_traverse(expr, {}, on_row)
+
+            where1 = [reads_v(w) for w in where1]
+            values1 = {k: reads_v(x) if isinstance(x, sa.ClauseElement) else x for k, x in values1.items()}
+            first_row = {name: values1.get(name, v.c[name]) for name in c.keys()}
+            s = sa.select(*[as_column(n, col, first_row) for n, col in c.items()], store_epoch()).where(*where1)
+            s = s.cte("s")
+        else:
+            s = (
+                sa.select(*[as_column(name, col, values1) for name, col in c.items()], store_epoch())
+                .where(*where1)
+                .with_for_update(of=intents, nowait=True)
+                .cte("s")
+            )
         lease: dict[str, Any] = {
             "p_attempt_token": s.c.attempt_token,
             "p_generation": s.c.generation,
@@ -318,16 +354,38 @@ class Statements:
             )
 
         where2, values2 = self._gate(second, c.key, off, False)  # where2[0], the key, is the join to s
-        values = {name: s.c[name] for name in values1} | {k: adapt(v) for k, v in values2.items()}
-        u = (
-            sa.update(intents)
-            .where(c.key == s.c.key, *[adapt(w) for w in where2[1:]])
-            .values(**values)
-            .returning(*intents.c, store_epoch())
-            .cte("u")
-        )
-        m1 = sa.select(*s.c).where(sa.select(u.c.key).exists()).cte("m1")  # first's row, once the UPDATE moved
         ctes: list[Any] = []  # first's effects' rows, then its history row, as a single move writes them
+        steps: list[Any] = []
+        if creating:
+            from sqlalchemy.dialects.postgresql import insert
+
+            row = {name: s.c[name] for name in c.keys()} | {k: adapt(x) for k, x in values2.items()}
+            u = (
+                insert(intents)
+                .from_select(
+                    list(c.keys()),
+                    sa.select(*[as_column(n, col, row) for n, col in c.items()]).where(*map(adapt, where2[1:])),
+                )
+                .on_conflict_do_nothing(index_elements=["key"])
+                .returning(*intents.c, store_epoch())
+                .cte("u")
+            )
+            creator = next(e for e in self.table.events.values() if e.creates)
+            m0 = sa.select(*v.c, store_epoch()).where(sa.select(u.c.key).exists()).cte("m0")  # the row as created
+            h0 = _renamed(self.history_insert(creator, m0, opens=False), "p0_", stop=[m0]).cte("h0")
+            ctes.append(h0)
+            m1 = sa.select(*s.c).where(sa.select(h0.c.seq).exists()).cte("m1")  # first's row, after the creation's
+            steps.append(sa.select(sa.literal(-1).label("step"), *m0.c))
+        else:
+            values = {name: s.c[name] for name in values1} | {k: adapt(x) for k, x in values2.items()}
+            u = (
+                sa.update(intents)
+                .where(c.key == s.c.key, *[adapt(w) for w in where2[1:]])
+                .values(**values)
+                .returning(*intents.c, store_epoch())
+                .cte("u")
+            )
+            m1 = sa.select(*s.c).where(sa.select(u.c.key).exists()).cte("m1")  # first's row, once the UPDATE moved
         for eff in first.effects:
             write = SQL_EFFECTS[eff].appends
             if write is not None:
@@ -338,10 +396,10 @@ class Statements:
         m2 = sa.select(*u.c).where(sa.select(h1.c.seq).exists()).cte("m2")
         for i, stmt in enumerate(self.appends(second, m2, prefix="b")):
             ctes.append(adapt(stmt, stop=[m2]).cte(f"b{i}"))
-        steps = [sa.select(sa.literal(0).label("step"), *m1.c), sa.select(sa.literal(1).label("step"), *u.c)]
+        steps += [sa.select(sa.literal(0).label("step"), *m1.c), sa.select(sa.literal(1).label("step"), *u.c)]
         if lossable:
             cfg = sa.select(sa.func.set_config("synchronous_commit", "off", True).label("sc")).cte("cfg")
-            steps[1] = steps[1].where(sa.select(cfg.c.sc).scalar_subquery().is_not(None))
+            steps[-1] = steps[-1].where(sa.select(cfg.c.sc).scalar_subquery().is_not(None))
         one = sa.union_all(*steps).add_cte(*ctes)
         return {"one": sa.select(*one.subquery("r").c).order_by(sa.literal_column("step"))}
 
@@ -446,6 +504,25 @@ class Statements:
         )
 
 
+def _renamed(element: Any, prefix: str, stop: Sequence[Any] = ()) -> Any:
+    """``element`` (a statement, an expression, or a mapping of them) with each caller parameter ``:p_<name>``
+    renamed ``:<prefix><name>``: the creating event's, where one statement also carries the moves' own. What
+    it reads through ``stop`` (a CTE of the statement) is left as it is."""
+    if isinstance(element, Mapping):
+        return {k: _renamed(v, prefix, stop) for k, v in element.items()}
+    if not isinstance(element, sa.ClauseElement):
+        return element
+    target: Any = element
+
+    def rename(e: Any, **kw: Any) -> Any:
+        if isinstance(e, sa.BindParameter) and e.key.startswith("p_"):
+            return sa.bindparam(f"{prefix}{e.key[2:]}", type_=e.type, required=e.required)
+        return None
+
+    replace: Any = rename
+    return visitors.replacement_traverse(target, {"stop_on": list(stop)}, replace)
+
+
 # -- reading the statements (docs/sql.md, docs/guards.md) --------------------------------------------------
 def _dialect(name: str) -> Any:
     """The dialect the store compiles with, with named placeholders (``:p_key``) for a reader."""
@@ -524,7 +601,7 @@ def render(stmt: Any, dialect: str) -> str:
     named parameter (``:p_<name>``; ``:p2_<name>`` for the second move of :meth:`Statements.fused`). The store sends the same text with the driver's placeholders
     (PostgreSQL: ``$1``, ``$2``, ... in order of first appearance)."""
     c = stmt.compile(dialect=_dialect(dialect), compile_kwargs={"render_postcompile": True})
-    constants = {k: v for k, v in c.params.items() if not k.startswith(("p_", "p2_"))}
+    constants = {k: v for k, v in c.params.items() if not k.startswith(("p_", "p0_", "p2_"))}
 
     def sub(m: Any) -> str:
         name = m.group(1)

@@ -341,9 +341,9 @@ class SqlStore(SqlClaims, Operations):
         self, sub: Submission, steps: list[tuple[str, Any]]
     ) -> tuple[Intent, bool, list[Intent] | None] | None:
         """Create the intent and make two moves on it in one transaction: one commit where :meth:`_create` and
-        :meth:`_apply_sequence` take two (docs/design.md#two-durable-points-per-send). PostgreSQL sends
-        ``BEGIN``, the creating statement, the two moves as one statement (:meth:`_fused`) and ``COMMIT`` in one
-        round trip (:meth:`Executor.pipeline`); SQLite runs them in one transaction.
+        :meth:`_apply_sequence` take two (docs/design.md#two-durable-points-per-send). PostgreSQL runs one
+        statement in autocommit (:meth:`Statements.fused` with ``creating``: the intent inserted as the two moves
+        leave it, with the creation's history row and the moves' rows); SQLite runs them in one transaction.
 
         Returns ``(intent, created, moved)``: the intent as created (``created`` is ``True``: a store may also
         report an intent it found) and the two moved rows, or ``moved`` ``None`` when the moves did not happen
@@ -351,10 +351,10 @@ class SqlStore(SqlClaims, Operations):
         caller moves it as usual, which names any refusal. Returns ``None`` when nothing was written and the
         caller should create and move the intent the usual way: the key was taken (the moves' arguments were
         made for a new intent), an intent keyed by an older normalizer may exist, the HA ``sync`` mode holds
-        the authorization to its own check, on SQLite a move refused, on PostgreSQL the duplicate-text
-        constraint, a deadlock or another transaction's hold on the row refused the moves (the whole
-        transaction rolled back). Raises ``StoreError`` for any
-        other database failure (nothing was written)."""
+        the authorization to its own check, on SQLite a move refused, on PostgreSQL a gate refused, another
+        claimant held the account's text lock, or the duplicate-text constraint or a deadlock refused (the
+        whole statement rolled back). Raises ``StoreError`` for any other database failure (nothing was
+        written)."""
         if sub.earlier_keys or len(steps) != 2:
             return None
         events = [event for event, _ in steps]
@@ -364,26 +364,21 @@ class SqlStore(SqlClaims, Operations):
         params = self._creation_params(stmts, sub)
         if self.dialect != "postgresql":
             return self._create_and_apply_sqlite(stmts, params, sub, steps)
-        fused, fused_params, chained = self._fused_call(sub.key, steps)
+        fused, fused_params, chained = self._fused_call(sub.key, steps, creating=True)
+        fused_params |= {f"p0_{k[2:]}": v for k, v in params.items()}
         try:
             with self._tx(autocommit=True) as conn:
-
-                def body(pipe: Any) -> None:
-                    pipe.send(stmts, "strict", params, every=True)  # fails, and with it the moves, on a taken key
-                    pipe.send(fused, "one", fused_params, every=True)
-
-                made, rows = self._exec.pipeline(conn, False, body, every=True)
-        except (MoveRefused, ConstraintRefused, Deadlock, LockNotAvailable):
-            # the delivery exists already (its moves are built for a new intent: epochs 0), or the moves could
-            # not be made without waiting: nothing was written
+                rows = self._exec.run_all(conn, fused, "one", fused_params)
+        except (ConstraintRefused, Deadlock, LockNotAvailable):
+            return None  # the moves could not be made without waiting: nothing was written
+        if len(rows) != 3:
+            # the delivery exists already (its moves are built for a new intent: epochs 0), or a gate refused:
+            # nothing was written, and the usual way creates the intent and names the refusal
             return None
-        intent, created = self._intent(made[0]), True
-        if len(rows) != 2:
-            return intent, created, None
-        moved = [self._intent(r) for r in rows]
+        intent, *moved = (self._intent(r) for r in rows)
         if chained:
             steps[1][1](moved[0])  # the arguments as the stepwise path builds them, for whoever watches
-        return intent, created, moved
+        return intent, True, moved
 
     def _create_and_apply_sqlite(
         self, stmts: dict[str, Any], params: dict[str, Any], sub: Submission, steps: list[tuple[str, Any]]
@@ -637,18 +632,21 @@ class SqlStore(SqlClaims, Operations):
             return None
         raise refusal
 
-    def _fused_call(self, key: str, steps: list[tuple[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], bool]:
-        """The statement of two moves as one (:meth:`Statements.fused`, cached), its parameters, and whether the
+    def _fused_call(
+        self, key: str, steps: list[tuple[str, Any]], creating: bool = False
+    ) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """The statement of two moves as one (:meth:`Statements.fused`, cached; with ``creating``, the one that
+        also creates the intent, whose creation parameters the caller adds), its parameters, and whether the
         second move is held to the lease the first opens (:class:`~atmostonce.store.UnderNewLease`)."""
         (first, args1), (second, args2) = steps
         ev, ev2 = self.table.event(first), self.table.event(second)
         chained = isinstance(args2, UnderNewLease)
         lossable = self._lossable([first, second])
         first_key = (ev.name, self._disabled_guards)
-        cache_key = ("<fused>", second, chained, lossable, *first_key)
+        cache_key = ("<fused>", second, chained, lossable, creating, *first_key)
         stmts = self._cache.get(cache_key)
         if stmts is None:
-            stmts = self._cache[cache_key] = self._sql.fused(ev, ev2, chained, lossable, first_key[1])
+            stmts = self._cache[cache_key] = self._sql.fused(ev, ev2, chained, lossable, first_key[1], creating)
         params = self._params(ev, key, args1, None)
         fixed = args2.fixed if chained else args2
         params |= {f"p2_{k[2:]}": v for k, v in self._params(ev2, key, fixed, None).items()}
