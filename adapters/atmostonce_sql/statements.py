@@ -319,6 +319,12 @@ class Statements:
             where1 = [reads_v(w) for w in where1]
             values1 = {k: reads_v(x) if isinstance(x, sa.ClauseElement) else x for k, x in values1.items()}
             first_row = {name: values1.get(name, v.c[name]) for name in c.keys()}
+            # never wait inside the statement, as the moves' NOWAIT row lock never does: the guards were read in
+            # its snapshot, and a wait (an uncommitted insert of the same key, a claim on the same text) could
+            # end in a commit made on reads older than a kill switch set meanwhile. Any wait fails the statement
+            # (SQLSTATE 55P03) and the store creates and moves the intent the usual way
+            nowait = sa.select(sa.func.set_config("lock_timeout", "1", True).label("lt")).cte("nowait")
+            where1.append(sa.select(nowait.c.lt).scalar_subquery().is_not(None))
             s = sa.select(*[as_column(n, col, first_row) for n, col in c.items()], store_epoch()).where(*where1)
             s = s.cte("s")
         else:
