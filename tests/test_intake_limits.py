@@ -27,6 +27,7 @@ from atmostonce.records import (
     MAX_DEPTH,
     MAX_DETAIL_BYTES,
     MAX_LEASE_SECONDS,
+    MAX_NAME_BYTES,
     MAX_TEXT_CHARS,
     check_json_object,
     check_limit,
@@ -474,3 +475,17 @@ def test_a_limit_of_zero_or_more_is_returned_as_is_and_a_negative_one_is_refused
     assert check_limit(1) == 1
     assert check_limit(10**6) == 10**6
     assert refusal(check_limit, -1) == ("limit", IntakeCode.OUT_OF_RANGE, 0)
+
+
+def test_a_name_longer_than_the_indexes_hold_is_refused_in_bytes_not_only_in_characters():
+    four = "\U0001f600"  # four bytes of UTF-8
+    fits = four * (MAX_NAME_BYTES // 4)
+    assert prepare_submission(fits, fits, fits, {"text": "hi"}, source=(fits, "v")).account == fits
+    over = fits + "a"  # 513 characters, under the 1024 the characters allow
+    for field, args, kw in (
+        ("account", (over, "post", "room-1"), {}),
+        ("action_kind", ("acct", over, "room-1"), {}),
+        ("target", ("acct", "post", over), {}),
+        ("source id", ("acct", "post", "room-1"), {"source": (over, "v")}),
+    ):
+        assert refusal(prepare_submission, *args, {"text": "hi"}, **kw) == (field, IntakeCode.TOO_LONG, MAX_NAME_BYTES)

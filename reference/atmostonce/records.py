@@ -418,13 +418,14 @@ def prepare_submission(
     """Validate intake and compute the delivery key and request digest.
 
     ``request`` is the canonical request projection (a JSON object). Raises
-    :class:`IntakeError` for: empty or non-string account/action kind/target;
+    :class:`IntakeError` for: empty or non-string account/action kind/target, or one longer than 1024
+    characters or :data:`MAX_NAME_BYTES` bytes of UTF-8 (the source id too: 2048 characters);
     NUL bytes or lone surrogates anywhere; a naive datetime; a value that is
     not JSON (NaN, infinities, non-string keys, other types); canonical JSON
     larger than ``max_payload_bytes`` (default 1 MiB); non-positive caps.
     """
     for name, v in (("account", account), ("action_kind", action_kind), ("target", target)):
-        check_text(name, v, max_chars=1024)
+        check_text(name, v, max_chars=1024, max_bytes=MAX_NAME_BYTES)
     if not isinstance(request, Mapping):
         raise IntakeError(
             f"request must be a JSON object, got {type(request).__name__}", field="request", code=IntakeCode.NOT_OBJECT
@@ -455,7 +456,9 @@ def prepare_submission(
         max_reconciles=_positive_int("max_reconciles", max_reconciles),
         text_hash=text_digest(stored[text_field]) if isinstance(stored.get(text_field), str) else None,
         normalizer_version=identity.NORMALIZER_VERSION,
-        source_id=None if source is None else check_text("source id", _source_pair(source)[0], max_chars=2048),
+        source_id=None
+        if source is None
+        else check_text("source id", _source_pair(source)[0], max_chars=2048, max_bytes=MAX_NAME_BYTES),
         source_version=None if source is None else check_text("source version", source[1], max_chars=128),
         requires_approval=_flag("requires_approval", requires_approval),
         # the same delivery under each older normalizer still recognized: found, never duplicated
@@ -484,6 +487,9 @@ HISTORY_DETAIL = (
 
 MAX_LEASE_SECONDS = 366 * 86_400.0
 MAX_TEXT_CHARS = 4096
+MAX_NAME_BYTES = 2048
+"""The most UTF-8 bytes of a name the stores index (account, action kind, target, source id): an index entry
+of PostgreSQL's btree holds at most 2,704 bytes, and an account is indexed with a text hash beside it."""
 MAX_DETAIL_BYTES = 64 * 1024
 MAX_CAP = 10_000
 MAX_DEPTH = 100
@@ -512,8 +518,12 @@ def validate_lease_seconds(name: str, seconds: Any) -> float:
     return value
 
 
-def check_text(name: str, v: Any, *, allow_blank: bool = False, max_chars: int = MAX_TEXT_CHARS) -> str:
-    """A string every store can persist: no NUL, no lone surrogate, at most ``max_chars``; else :class:`IntakeError`."""
+def check_text(
+    name: str, v: Any, *, allow_blank: bool = False, max_chars: int = MAX_TEXT_CHARS, max_bytes: int | None = None
+) -> str:
+    """A string every store can persist: no NUL, no lone surrogate, at most ``max_chars`` characters and, when
+    given, at most ``max_bytes`` bytes of UTF-8 (``TOO_LONG``, ``limit`` the bound crossed); else
+    :class:`IntakeError`."""
     if not isinstance(v, str):
         raise IntakeError(f"{name} must be a string, got {type(v).__name__}", field=name, code=IntakeCode.NOT_STRING)
     if not allow_blank and not v.strip():
@@ -525,9 +535,13 @@ def check_text(name: str, v: Any, *, allow_blank: bool = False, max_chars: int =
     if "\x00" in v:
         raise IntakeError(f"{name} contains a NUL byte", field=name, code=IntakeCode.NUL_BYTE)
     try:
-        v.encode("utf-8")
+        size = len(v.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise IntakeError(f"{name} contains a lone surrogate", field=name, code=IntakeCode.LONE_SURROGATE) from exc
+    if max_bytes is not None and size > max_bytes:
+        raise IntakeError(
+            f"{name} is longer than {max_bytes} bytes of UTF-8", field=name, code=IntakeCode.TOO_LONG, limit=max_bytes
+        )
     return v
 
 

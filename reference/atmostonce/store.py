@@ -35,6 +35,7 @@ from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RECONCILES,
+    MAX_NAME_BYTES,
     ClaimLease,
     Evidence,
     Intent,
@@ -473,7 +474,7 @@ class Operations(ClaimOperations):
         changed; ``supersedes`` is whatever head the store holds (never a computed predecessor), so a
         skipped or failed earlier capture does not jam the chain. ``raw`` is hashed for forensics only.
         Raises ``IntakeError`` for bad input."""
-        check_text("source id", source_id, max_chars=2048)
+        check_text("source id", source_id, max_chars=2048, max_bytes=MAX_NAME_BYTES)
         if not isinstance(body, str):
             raise IntakeError("body must be the source's visible text (str)", field="body", code=IntakeCode.NOT_STRING)
         try:
