@@ -156,9 +156,11 @@ def test_publish_is_one_statement_before_the_bytes_and_one_after(pg_store, monke
     assert seen.transactions() == []  # no BEGIN ... COMMIT: each statement is its own transaction
     (authorization,) = before
     assert "INSERT INTO aom_intents" in authorization and "UPDATE aom_intents" not in authorization
-    assert "synchronous_commit" not in authorization and "set_config" not in authorization
+    # its one set_config is the lock_timeout that keeps it from waiting (CTE nowait); the outcome's turns the
+    # wait for the disk off (CTE cfg), which the authorization never does
+    assert authorization.count("set_config") == 1 and "nowait AS" in authorization and "cfg AS" not in authorization
     (outcome_statement,) = after[1:]
-    assert "UPDATE aom_intents" in outcome_statement and "set_config" in outcome_statement
+    assert "UPDATE aom_intents" in outcome_statement and "cfg AS" in outcome_statement
     with pg_store.engine.connect() as conn:
         rows = conn.exec_driver_sql(
             "SELECT event, xmin::text FROM aom_history WHERE key = %(k)s ORDER BY seq", {"k": key}
