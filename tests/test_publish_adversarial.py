@@ -133,15 +133,20 @@ CREATE TRIGGER test_slow_attempt BEFORE INSERT ON aom_attempts FOR EACH ROW EXEC
 """
 
 
+def _slow_publisher(url):
+    """A store whose publishes pause at their attempt row while the test holds advisory lock 4242."""
+    with psycopg.connect(_dsn(url), autocommit=True) as admin:
+        admin.execute(SLOW_ATTEMPTS)
+    sep = "&" if "?" in url else "?"
+    return _open(url + sep + "application_name=slow-publisher")
+
+
 def test_a_kill_switch_committed_while_a_cancelled_publish_of_the_same_delivery_held_the_key_is_obeyed(pg_url):
     """Two real publishes of one delivery. The first one's statement has inserted the intent row and is still
     running (a test trigger pauses it at its attempt row) when the second one starts, and waits on the key. A
     kill switch commits; then the first statement is cancelled (pg_cancel_backend: a client's Ctrl-C or task
     cancellation, a statement_timeout, an operator) and rolls back. The second must see the switch: nothing sent."""
-    with psycopg.connect(_dsn(pg_url), autocommit=True) as admin:
-        admin.execute(SLOW_ATTEMPTS)
-    sep = "&" if "?" in pg_url else "?"
-    slow = _open(pg_url + sep + "application_name=slow-publisher")
+    slow = _slow_publisher(pg_url)
     store = _open(pg_url)
     try:
         request = ("acct", "webhook", "hook-1", {"amount": 7})
@@ -667,10 +672,7 @@ def test_a_claim_committed_after_the_statement_read_its_guards_rolls_it_back_and
     """publish's statement has read its gates (the text free) and inserted the intent; before it inserts its text
     claim, a claim of the same text commits (a writer without the account's text lock). The exclusion constraint
     refuses the statement whole; publish then submits and dispatches the usual way, which names the refusal."""
-    with psycopg.connect(_dsn(pg_url), autocommit=True) as admin:
-        admin.execute(SLOW_ATTEMPTS)
-    sep = "&" if "?" in pg_url else "?"
-    slow = _open(pg_url + sep + "application_name=slow-publisher")
+    slow = _slow_publisher(pg_url)
     store = _open(pg_url)
     try:
         other = store.submit("acct", "post", "room-0", {"text": "claimed meanwhile"})
