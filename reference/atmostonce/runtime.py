@@ -736,6 +736,9 @@ class Reconciler:
             rb = self.transport.read_back(object_id)
             if read_back_confirms(self.transport, wire, rb):
                 return EVENT.reconcile_found, {"remote_id": object_id}, OUTCOME.lookup_found
+            other = self._found_under_key(it, wire, object_id) if wire.action == "create" else None
+            if other is not None:
+                return EVENT.reconcile_found, {"remote_id": other}, OUTCOME.lookup_found
             differs = isinstance(rb, Found) and wire.action != "delete"
             return EVENT.reconcile_not_found, {}, OUTCOME.lookup_differs if differs else OUTCOME.lookup_not_found
         if wire.action != "create":  # a key lookup says nothing about a deletion or a correction
@@ -755,6 +758,21 @@ class Reconciler:
         if caps.fenced_lookup:
             return EVENT.reconcile_absent, {"fenced": True}, OUTCOME.lookup_not_found_fenced
         return EVENT.reconcile_not_found, {}, OUTCOME.lookup_not_found
+
+    def _found_under_key(self, it: Intent, wire: WireRequest, named: str) -> str | None:
+        """After the object the platform named (``named``, from its answer) did not confirm the send: the id of
+        another object the key lookup finds holding what was approved (a platform that answered with the id of
+        something else), or ``None``. A not-found here proves nothing, fenced or not: the answer said an object
+        was made, so this never records an absence."""
+        if not self.transport.capabilities.lookup_by_key:
+            return None
+        resend_epoch, fence_epoch = self._sent_under(it)
+        res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
+        if not isinstance(res, Found) or res.remote_id == named:
+            return None  # nothing under the key, or the same object the read-back did not confirm
+        if res.body is not None and not self.transport.matches(wire, res):
+            return None
+        return res.remote_id
 
     def _record(self, looks: list[tuple[Intent, str, dict[str, Any], str]]) -> list[str | Rejected]:
         """Record a batch of lookups, one conditional write per event (``reconcile_many``); returns each one's
