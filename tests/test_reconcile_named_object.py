@@ -95,3 +95,18 @@ def test_what_the_key_lookup_finds_confirms_the_send_only_if_it_holds_what_was_a
         key, counts, it = _published_then_reconciled(any_store.store, platform)
     assert counts == {outcome: 1}
     assert (it.state, it.remote_id, platform.sends) == ("indeterminate", "other-1", 1)
+
+
+def test_a_transport_that_cannot_look_up_by_key_is_never_asked(any_store):
+    class NoLookup(WrongId):
+        def __init__(self):
+            super().__init__()
+            self.capabilities = Capabilities(read_back=True, lookup_by_key=False, fenced_lookup=False)
+
+        def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
+            raise AssertionError("a transport without lookup_by_key was asked by key")
+
+    platform = NoLookup()
+    key, counts, it = _published_then_reconciled(any_store.store, platform)
+    assert counts == {"lookup.not_found": 1}
+    assert (it.state, it.remote_id, platform.sends) == ("indeterminate", "other-1", 1)
