@@ -337,19 +337,14 @@ class SqlStore(SqlClaims, Operations):
             "p_generation": None,
         }
 
-    def _create_and_apply(
-        self, sub: Submission, steps: list[tuple[str, Any]]
-    ) -> tuple[Intent, bool, list[Intent] | None] | None:
+    def _create_and_apply(self, sub: Submission, steps: list[tuple[str, Any]]) -> tuple[Intent, list[Intent]] | None:
         """Create the intent and make two moves on it in one transaction: one commit where :meth:`_create` and
         :meth:`_apply_sequence` take two (docs/design.md#two-durable-points-per-send). PostgreSQL runs one
         statement in autocommit (:meth:`Statements.fused` with ``creating``: the intent inserted as the two moves
         leave it, with the creation's history row and the moves' rows); SQLite runs them in one transaction.
 
-        Returns ``(intent, created, moved)``: the intent as created (``created`` is ``True``: a store may also
-        report an intent it found) and the two moved rows, or ``moved`` ``None`` when the moves did not happen
-        (their gates refused, or a move needs its coupled form): the intent is then stored, unmoved, and the
-        caller moves it as usual, which names any refusal. Returns ``None`` when nothing was written and the
-        caller should create and move the intent the usual way: the key was taken (the moves' arguments were
+        Returns ``(intent, moved)``: the intent as created and the two moved rows. Returns ``None`` when nothing
+        was written and the caller should create and move the intent the usual way, which names any refusal: the key was taken (the moves' arguments were
         made for a new intent), an intent keyed by an older normalizer may exist, the HA ``sync`` mode holds
         the authorization to its own check, on SQLite a move refused, on PostgreSQL a gate refused, another
         claimant held the account's text lock, or the duplicate-text constraint or a deadlock refused (the
@@ -378,11 +373,11 @@ class SqlStore(SqlClaims, Operations):
         intent, *moved = (self._intent(r) for r in rows)
         if chained:
             steps[1][1](moved[0])  # the arguments as the stepwise path builds them, for whoever watches
-        return intent, True, moved
+        return intent, moved
 
     def _create_and_apply_sqlite(
         self, stmts: dict[str, Any], params: dict[str, Any], sub: Submission, steps: list[tuple[str, Any]]
-    ) -> tuple[Intent, bool, list[Intent] | None] | None:
+    ) -> tuple[Intent, list[Intent]] | None:
         try:
             with self._tx() as conn:
                 inserted = self._exec.run_sqlite(conn, stmts, "insert", params)
@@ -395,7 +390,7 @@ class SqlStore(SqlClaims, Operations):
                     moved.append(self._apply_in(conn, ev, sub.key, step_args(args, moved[-1] if moved else None)))
         except (_Undo, Rejected, ConstraintRefused):
             return None  # rolled back: the caller submits and moves the intent the usual way
-        return self._intent(inserted), True, moved
+        return self._intent(inserted), moved
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
     def _guard_values(self, key: str, args: Mapping[str, Any]) -> dict[str, Any]:

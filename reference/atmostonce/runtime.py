@@ -31,7 +31,7 @@ from .protocols import IntakeStore, MaintenanceStore, OperatorStore, WorkerStore
 from .records import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_RECONCILES, Intent, Lease, Submission, check_limit
 from .store import RETRACTION_PREFIX, retraction_of
 from .table import table as default_table
-from .transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
+from .transport import Found, LookupResult, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 
 __all__ = [
     "CRASH_POINTS",
@@ -745,10 +745,9 @@ class Reconciler:
             return park, {"reason": OUTCOME.lookup_unsupported}, OUTCOME.lookup_unsupported
         if not caps.lookup_by_key:
             return park, {"reason": OUTCOME.lookup_unsupported}, OUTCOME.lookup_unsupported
-        resend_epoch, fence_epoch = self._sent_under(it)
-        res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
+        res = self._by_key(it)
         if isinstance(res, Found):
-            if res.body is not None and not self.transport.matches(wire, res):
+            if not self._holds_approved(wire, res):
                 # an object under this key that does not hold what was approved: not a confirmation
                 return EVENT.reconcile_not_found, {}, OUTCOME.lookup_differs
             return EVENT.reconcile_found, {"remote_id": res.remote_id}, OUTCOME.lookup_found
@@ -766,13 +765,20 @@ class Reconciler:
         was made, so this never records an absence."""
         if not self.transport.capabilities.lookup_by_key:
             return None
-        resend_epoch, fence_epoch = self._sent_under(it)
-        res = self.transport.lookup(it.key, resend_epoch, fence_epoch)
+        res = self._by_key(it)
         if not isinstance(res, Found) or res.remote_id == named:
             return None  # nothing under the key, or the same object the read-back did not confirm
-        if res.body is not None and not self.transport.matches(wire, res):
-            return None
-        return res.remote_id
+        return res.remote_id if self._holds_approved(wire, res) else None
+
+    def _by_key(self, it: Intent) -> LookupResult:
+        """The platform's answer for the key the intent's current attempt was sent under."""
+        resend_epoch, fence_epoch = self._sent_under(it)
+        return self.transport.lookup(it.key, resend_epoch, fence_epoch)
+
+    def _holds_approved(self, wire: WireRequest, found: Found) -> bool:
+        """Whether an object found under the key holds what was approved (one found without a body is taken
+        on the key's word)."""
+        return found.body is None or self.transport.matches(wire, found)
 
     def _record(self, looks: list[tuple[Intent, str, dict[str, Any], str]]) -> list[str | Rejected]:
         """Record a batch of lookups, one conditional write per event (``reconcile_many``); returns each one's

@@ -619,11 +619,8 @@ class Operations(ClaimOperations):
             if sub.action_kind.startswith(RETRACTION_PREFIX):
                 self._check_retraction(sub)
             return self._submitted(sub, *self.core._create(sub)), None
-        it, created, moved = got
-        self._submitted(sub, it, created)
-        if moved is None:
-            return it, None
-        begun, authorized = moved
+        it, (begun, authorized) = got
+        self._submitted(sub, it, True)
         observe.log_move(EVENT.begin, begun, {}, self.table)
         observe.log_move(EVENT.authorize_dispatch, authorized, {}, self.table)
         return it, (lease_of(begun), authorized)
