@@ -265,18 +265,26 @@ def test_a_success_whose_outcome_is_refused_is_kept_as_evidence_on_the_attempt(a
 
 # ---------------------------------------------------------------- PostgreSQL: which commits wait for the disk
 class Statements:
-    """Every statement the process sends through psycopg, in order."""
+    """Every statement the process sends through psycopg, in order: by its cursors, and as the store's own
+    prepared statements (``Executor._query``)."""
 
     def __init__(self, monkeypatch):
+        from atmostonce_sql.execution import Executor
+
         self.sent: list[str] = []
-        original = psycopg.Cursor.execute
+        original, original_query = psycopg.Cursor.execute, Executor._query
         outer = self
 
         def execute(cur, query, params=None, *a, **kw):
             outer.sent.append(query if isinstance(query, str) else str(query))
             return original(cur, query, params, *a, **kw)
 
+        def query(executor, raw, stmts, name, params):
+            outer.sent.append(executor.native(stmts, name)[0])
+            return original_query(executor, raw, stmts, name, params)
+
         monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+        monkeypatch.setattr(Executor, "_query", query)
 
     def transactions(self) -> list[list[str]]:
         out, current = [], None
@@ -328,6 +336,7 @@ def test_the_outcome_statement_leaves_its_connection_committing_synchronously(pg
     """``set_config(..., true)`` is local to the outcome's own transaction: the pooled connection that ran
     it commits whatever it runs next synchronously again."""
     from atmostonce_sql import open_store
+    from atmostonce_sql.execution import Executor
 
     url = pg_databases.fresh()
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
@@ -335,16 +344,16 @@ def test_the_outcome_statement_leaves_its_connection_committing_synchronously(pg
         admin.execute(f'ALTER DATABASE "{db}" SET synchronous_commit = on')  # test clusters default to off
     store = open_store(url, migrate=False)
     ran_on: list[psycopg.Connection] = []
-    original = psycopg.Cursor.execute
+    original = Executor._query
 
-    def execute(cur, query, params=None, *a, **kw):
-        if "set_config" in str(query):
-            ran_on.append(cur.connection)
-        return original(cur, query, params, *a, **kw)
+    def query(executor, raw, stmts, name, params):
+        if "set_config" in executor.native(stmts, name)[0]:
+            ran_on.append(raw)
+        return original(executor, raw, stmts, name, params)
 
     try:
         it = submit(store)
-        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+        monkeypatch.setattr(Executor, "_query", query)
         assert Dispatcher(store, Platform(), CONFIG).dispatch(it.key) == "read_back.match"
         monkeypatch.undo()
         (conn,) = ran_on  # idle in the pool now

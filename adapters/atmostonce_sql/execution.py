@@ -4,9 +4,9 @@ map from driver errors to the library's own exceptions.
 Statements come from ``atmostonce_sql.statements``, compiled once by SQLAlchemy (same SQL, same bind
 processing, through its public compiler API) and cached beside them; the hot path sends them through
 the driver directly, without SQLAlchemy's per-call execution machinery. On PostgreSQL the compiled text
-is rewritten to the server's own ``$n`` placeholders and sent by psycopg's ``RawCursor`` as a prepared
-statement; pipelined moves (:meth:`Executor.pipeline`) send ``BEGIN``, every move and ``COMMIT`` in one
-round trip.
+is rewritten to the server's own ``$n`` placeholders and sent as a prepared statement: in autocommit as
+the store's own (:meth:`Executor._query`), inside a transaction by psycopg's ``RawCursor``; pipelined moves
+(:meth:`Executor.pipeline`) send ``BEGIN``, every move and ``COMMIT`` in one round trip.
 
 Errors are mapped by what the driver reports as data, never by message text: PostgreSQL's SQLSTATE,
 and constraint name (:func:`driver_error`). SQLite reports a trigger's ``RAISE(ABORT,
@@ -17,11 +17,15 @@ exactly among the constant messages this package's migrations give their trigger
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import re
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import sqlalchemy as sa
+import sqlalchemy.dialects.postgresql
 from sqlalchemy.engine import Connection, Engine
 
 from atmostonce.errors import AppendOnlyViolation, StoreError
@@ -54,6 +58,55 @@ TEXT_WINDOW_CONSTRAINT = "aom_text_claims_window"
 _EXCLUSION_VIOLATION = "23P01"
 _DEADLOCK_DETECTED = "40P01"
 _LOCK_NOT_AVAILABLE = "55P03"
+
+
+_PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+"""The statements :meth:`Executor._query` prepared, per psycopg connection (a new connection has none)."""
+_NO_SUCH_PREPARED = "26000"
+_STALE_PREPARED = frozenset({_NO_SUCH_PREPARED, "0A000"})  # gone, or "cached plan must not change result type"
+
+
+def _deallocate(pgconn: Any, pname: bytes) -> Any:
+    pgconn.send_query(b"DEALLOCATE " + pname)
+    return pgconn
+
+
+def _text_value(v: Any) -> bytes | None:
+    """A parameter's value in PostgreSQL's text format (what the server parses for the ``$n``'s type): a
+    ``str``, ``bool``, ``int`` or ``float`` (or a subclass: its value, not its ``str()``), psycopg's
+    ``Json``/``Jsonb`` wrapper (as SQLAlchemy's JSON type binds a value), anything else by psycopg's own text
+    dumper for its type."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return str.encode(v)
+    if isinstance(v, bool):
+        return b"t" if v else b"f"
+    if isinstance(v, int):
+        return int.__repr__(v).encode()
+    if isinstance(v, float):
+        return float.__repr__(v).encode()  # the shortest text that reads back as the same double
+    from psycopg.adapt import PyFormat, Transformer
+    from psycopg.types.json import Json, Jsonb
+
+    if isinstance(v, (Json, Jsonb)):
+        text = (v.dumps or json.dumps)(v.obj)  # psycopg's default is json.dumps
+        return text.encode() if isinstance(text, str) else bytes(text)
+    dumped = Transformer().get_dumper(v, PyFormat.TEXT).dump(v)
+    return None if dumped is None else bytes(dumped)
+
+
+_OIDS: tuple[tuple[type, int], ...] = (
+    (sa.Boolean, 16),
+    (sa.BigInteger, 20),
+    (sa.SmallInteger, 21),
+    (sa.Integer, 23),
+    (sa.Float, 701),
+    (sa.Numeric, 1700),
+    (sa.dialects.postgresql.JSONB, 3802),
+    (sa.JSON, 114),
+)
+"""A bind's PostgreSQL type OID by its SQLAlchemy type (checked in order: ``Float`` is a ``Numeric``)."""
 
 
 class ConstraintRefused(StoreError):
@@ -295,25 +348,117 @@ class Executor:
         cur.execute(sql, self.arguments(stmts, name)(params), prepare=True)
         return cur
 
+    def _encoder(self, stmts: dict[str, Any], name: str) -> Callable[[Mapping[str, Any]], list[bytes | None]]:
+        """The function that turns a cached statement's parameters into the text-format values the server
+        parses, in its ``$n`` order: the constants of the statement encoded once, a passed value by its
+        Python type (``str``, ``int``, ``float``, ``bool``, psycopg's ``Json``/``Jsonb``, as SQLAlchemy's bind
+        processors leave them); any other type through psycopg's own dumper for it."""
+        enc = stmts.get(f"{name}.encoder")
+        if enc is None:
+            c, _, processors = self.compiled(stmts, name)
+            _, order = self.native(stmts, name)
+            fixed = c.construct_params(_check=False)  # the compiled values; a required bind's is None
+            parts = tuple(
+                (
+                    k,
+                    processors.get(k),
+                    _text_value(
+                        processors[k](fixed[k]) if k in processors and fixed.get(k) is not None else fixed.get(k)
+                    ),
+                    c.binds[k].required,
+                )
+                for k in order
+            )
+
+            def enc(params: Mapping[str, Any]) -> list[bytes | None]:
+                out: list[bytes | None] = []
+                for k, proc, default, required in parts:
+                    if k in params:
+                        v = params[k]
+                        out.append(None if v is None else _text_value(proc(v) if proc is not None else v))
+                    elif required:  # as SQLAlchemy refuses it: a parameter the statement needs was not given
+                        raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
+                    else:
+                        out.append(default)
+                return out
+
+            stmts[f"{name}.encoder"] = enc
+        return enc
+
+    def _param_types(self, stmts: dict[str, Any], name: str) -> list[int]:
+        """The type OIDs a cached statement is prepared with, in its ``$n`` order, from its binds' SQLAlchemy
+        types (as psycopg would send them): booleans, numbers and JSON typed; a string left to the server
+        (``unknown``: the statement's cast or its context types it, as psycopg sends a ``str``)."""
+        c, _, _ = self.compiled(stmts, name)
+        _, order = self.native(stmts, name)
+        out = []
+        for k in order:
+            t = c.binds[k].type
+            if isinstance(t, sa.types.NullType) and c.binds[k].value is not None:
+                t = sa.literal(c.binds[k].value).type
+            impl = t.dialect_impl(self.engine.dialect)
+            out.append(next((oid for kind, oid in _OIDS if isinstance(impl, kind)), 0))
+        return out
+
+    def _query(
+        self, raw: Any, stmts: dict[str, Any], name: str, params: Mapping[str, Any]
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run a cached statement on the psycopg connection ``raw``, in autocommit (the statement is its own
+        transaction) and outside a pipeline, as a prepared statement of its own name, prepared on first use
+        per connection: one round trip, values sent as text and rows loaded by psycopg's adapters. Returns the column names and the rows. Raises
+        psycopg's exception for the server's error (by SQLSTATE, as its cursors do). A statement the server
+        no longer holds as prepared (``DEALLOCATE``, ``DISCARD ALL``, a cached plan whose result type changed)
+        did not run: it is prepared again and sent once more.
+
+        psycopg's cursors parse, dump and track every query on each call; this keeps that work per
+        statement instead (docs/performance.md: client CPU per call)."""
+        import psycopg
+        from psycopg import generators, pq
+
+        sql, _ = self.native(stmts, name)
+        pname = stmts.get(f"{name}.pname")
+        if pname is None:
+            pname = stmts[f"{name}.pname"] = b"aom_" + hashlib.sha1(sql.encode()).hexdigest()[:20].encode()
+        values = self._encoder(stmts, name)(params)
+        pgconn = raw.pgconn
+        prepared = _PREPARED.get(raw)
+        if prepared is None:
+            prepared = _PREPARED[raw] = set()
+        for retry in (False, True):
+            with raw.lock:
+                if pname not in prepared:
+                    pgconn.send_prepare(pname, sql.encode(), param_types=self._param_types(stmts, name))
+                    for res in raw.wait(generators.execute(pgconn)):
+                        if res.status == pq.ExecStatus.FATAL_ERROR:
+                            raise psycopg.errors.error_from_result(res, encoding=raw.info.encoding)
+                    prepared.add(pname)
+                pgconn.send_query_prepared(pname, values)
+                res = raw.wait(generators.execute(pgconn))[-1]
+            if res.status != pq.ExecStatus.FATAL_ERROR:
+                break
+            exc = psycopg.errors.error_from_result(res, encoding=raw.info.encoding)
+            if exc.sqlstate not in _STALE_PREPARED or retry:
+                raise exc
+            # the server no longer holds the statement as prepared: it did not run (its transaction, the
+            # statement alone, rolled back), so it is prepared again and sent once more
+            prepared.discard(pname)
+            if exc.sqlstate != _NO_SUCH_PREPARED:
+                with raw.lock:
+                    raw.wait(generators.execute(_deallocate(pgconn, pname)))
+        names = stmts.get(f"{name}.columns")
+        if names is None:  # the RETURNING list is fixed per statement
+            names = stmts[f"{name}.columns"] = [res.fname(i).decode() for i in range(res.nfields)]
+        tx = psycopg.adapt.Transformer(raw)
+        tx.set_pgresult(res)
+        return names, tx.load_rows(0, res.ntuples, tuple)
+
     def run(
         self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        """PostgreSQL: run a cached statement through psycopg directly on ``conn``. Returns the first row as a
-        mapping, or ``None``. Driver errors surface as ``DBAPIError`` (:meth:`tx` maps them)."""
-        raw: Any = conn.connection.dbapi_connection
-        try:
-            cur = self.send(raw, stmts, name, params)
-        except Exception as exc:
-            if raw.broken or raw.closed:  # sent past SQLAlchemy: tell its pool the connection is gone
-                conn.invalidate()
-            raise sa.exc.DBAPIError.instance(self.compiled(stmts, name)[1], dict(params), exc, type(exc)) from exc
-        try:
-            row = cur.fetchone()
-            if row is None:
-                return None
-            return self._named(stmts, name, cur, row)
-        finally:
-            cur.close()
+        """PostgreSQL: run a cached statement through psycopg directly on ``conn`` (:meth:`_query`). Returns
+        the first row as a mapping, or ``None``. Driver errors surface as ``DBAPIError`` (:meth:`tx` maps them)."""
+        rows = self.run_all(conn, stmts, name, params)
+        return rows[0] if rows else None
 
     def run_all(
         self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]
@@ -321,16 +466,20 @@ class Executor:
         """PostgreSQL: :meth:`run`, returning every row (as mappings, in the statement's order)."""
         raw: Any = conn.connection.dbapi_connection
         try:
-            cur = self.send(raw, stmts, name, params)
-            rows = cur.fetchall()
+            if raw.autocommit:
+                names, rows = self._query(raw, stmts, name, params)
+            else:  # inside a transaction: psycopg's cursor opens it (BEGIN) before the first statement
+                cur = self.send(raw, stmts, name, params)
+                try:
+                    names = [d.name for d in cur.description]
+                    rows = cur.fetchall()
+                finally:
+                    cur.close()
         except Exception as exc:
-            if raw.broken or raw.closed:
+            if raw.broken or raw.closed:  # sent past SQLAlchemy: tell its pool the connection is gone
                 conn.invalidate()
             raise sa.exc.DBAPIError.instance(self.compiled(stmts, name)[1], dict(params), exc, type(exc)) from exc
-        try:
-            return [self._named(stmts, name, cur, row) for row in rows]
-        finally:
-            cur.close()
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     @staticmethod
     def _named(stmts: dict[str, Any], name: str, cur: Any, row: Any) -> dict[str, Any]:
