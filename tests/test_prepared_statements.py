@@ -114,3 +114,15 @@ def test_a_parameter_is_sent_as_the_text_postgresql_reads_back_as_the_same_value
     assert _text_value(Jsonb({"a": [1, "x"]})) == b'{"a": [1, "x"]}'
     assert _text_value(decimal.Decimal("1.50")) == b"1.50"
     assert _text_value(None) is None
+
+
+def test_a_text_value_with_a_nul_byte_is_refused_rather_than_cut_short():
+    """libpq reads a text-format value up to its first NUL: sent as it is, ``"r1\\x00tail"`` would be stored as
+    ``"r1"``. It is refused before anything is sent, as psycopg's own dumper refuses it."""
+    import psycopg
+
+    from atmostonce_sql.execution import _text_value
+
+    with pytest.raises(psycopg.DataError):
+        _text_value("r1\x00tail")
+

@@ -79,6 +79,10 @@ def _text_value(v: Any) -> bytes | None:
     if v is None:
         return None
     if isinstance(v, str):
+        if "\x00" in v:  # libpq reads a text value up to its first NUL: refused, as psycopg's own dumper does
+            import psycopg
+
+            raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
         return str.encode(v)
     if isinstance(v, bool):
         return b"t" if v else b"f"
