@@ -379,7 +379,12 @@ class Executor:
                 for k, proc, default, required in parts:
                     if k in params:
                         v = params[k]
-                        out.append(None if v is None else _text_value(proc(v) if proc is not None else v))
+                        if v is None:
+                            out.append(None)
+                        elif proc is None and type(v) is str and "\x00" not in v:  # the common case, no call
+                            out.append(v.encode())
+                        else:
+                            out.append(_text_value(proc(v) if proc is not None else v))
                     elif required:  # as SQLAlchemy refuses it: a parameter the statement needs was not given
                         raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
                     else:
