@@ -148,3 +148,68 @@ def test_control_a_previous_hash_read_with_the_statements_snapshot_breaks_that_c
         test_a_writer_that_waited_on_the_row_lock_chains_to_the_row_committed_meanwhile(store)
     [b] = verify_store(store).breaks
     assert b.reason == "link"
+
+
+_HISTORY_INSERT = (
+    "INSERT INTO aom_history (key, event, actor, from_state, to_state, detail, recorded_at, prev_hash, row_hash) "
+    "SELECT key, 'begin', 'test', state, state, '{}'::jsonb, 1.0, :prev, :row FROM aom_intents WHERE key = :key "
+    "RETURNING seq, prev_hash, row_hash"
+)
+
+
+def test_a_history_row_hash_given_by_a_writer_is_refused(store):
+    """The row hash is the database's to compute: a writer that puts any value there but the empty marker
+    (which means "the predecessor is given") is refused, and nothing is written (migration 0016)."""
+    import psycopg
+
+    it, _ = to_state(store, "pending")
+    before = len(store.history(it.key))
+    with pytest.raises(sa.exc.IntegrityError) as err, store.engine.begin() as conn:
+        conn.execute(sa.text(_HISTORY_INSERT), {"prev": None, "row": "0" * 64, "key": it.key})
+    assert isinstance(err.value.orig, psycopg.errors.IntegrityConstraintViolation)
+    assert len(store.history(it.key)) == before
+    assert verify_store(store).breaks == ()
+
+
+def test_a_predecessor_given_by_a_statement_is_hashed_as_given_and_a_wrong_one_is_caught_by_the_audit(store):
+    """With the empty marker, the trigger takes the statement's ``prev_hash`` instead of reading the chain
+    (the hot path's statements give the row they wrote just before), and still computes ``row_hash`` over
+    the row as stored. The link is what the writer is trusted with: a wrong one is found by the audit."""
+    from atmostonce.audit import history_hash
+
+    it, _ = to_state(store, "pending")
+    with store.engine.begin() as conn:
+        seq, prev, row = conn.execute(sa.text(_HISTORY_INSERT), {"prev": "f" * 64, "row": "", "key": it.key}).one()
+        key, event, actor, from_state, to_state_, token, gen, detail, at = conn.execute(
+            sa.text(
+                "SELECT key, event, actor, from_state, to_state, attempt_token, generation, detail::text, "
+                "recorded_at FROM aom_history WHERE seq = :seq"
+            ),
+            {"seq": seq},
+        ).one()
+    assert prev == "f" * 64
+    assert row == history_hash(prev, seq, key, event, actor, from_state, to_state_, token, gen, detail, at)
+    assert [(b.key, b.seq, b.reason) for b in verify_store(store).breaks if b.reason == "link"] == [
+        (it.key, seq, "link")
+    ]
+
+
+def test_publish_chains_its_rows_to_each_other_and_to_the_rows_before(store):
+    """The creating statement gives each history row its predecessor (none for the creation) and the outcome
+    statement gives its second row the first's: a published intent's chain verifies end to end, and so does
+    one whose send definitely failed (its outcome a single move, chained by the trigger)."""
+    from atmostonce.runtime import Dispatcher
+    from tests.test_fused_dispatch import CONFIG, Platform
+
+    sent, outcome = Dispatcher(store, Platform(), CONFIG).publish("acct", "post", "room-1", {"text": "chained"})
+    assert outcome == "read_back.match"
+    failed, _ = Dispatcher(store, Platform(answer="not_sent"), CONFIG).publish("acct", "post", "room-2", {"text": "x"})
+    assert [r.event for r in store.history(sent)] == [
+        "submit",
+        "begin",
+        "authorize_dispatch",
+        "record_success",
+        "confirm_read_back",
+    ]
+    assert store.get(failed).state == "failed"
+    assert verify_store(store).breaks == ()

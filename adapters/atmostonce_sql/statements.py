@@ -362,6 +362,7 @@ class Statements:
         where2, values2 = self._gate(second, c.key, off, False)  # where2[0], the key, is the join to s
         ctes: list[Any] = []  # first's effects' rows, then its history row, as a single move writes them
         steps: list[Any] = []
+        h0: Any = None
         if creating:
             from sqlalchemy.dialects.postgresql import insert
 
@@ -378,7 +379,9 @@ class Statements:
             )
             creator = next(e for e in self.table.events.values() if e.creates)
             m0 = sa.select(*v.c, store_epoch()).where(sa.select(u.c.key).exists()).cte("m0")  # the row as created
-            h0 = _renamed(self.history_insert(creator, m0, opens=False), "p0_", stop=[m0]).cte("h0")
+            # a new intent's chain starts here: no row before it (the key's rows need its intent row)
+            h0 = self.history_insert(creator, m0, opens=False, after=sa.cast(sa.null(), sa.Text))
+            h0 = _renamed(h0, "p0_", stop=[m0]).cte("h0")
             ctes.append(h0)
             m1 = sa.select(*s.c).where(sa.select(h0.c.seq).exists()).cte("m1")  # first's row, after the creation's
             steps.append(sa.select(sa.literal(-1).label("step"), *m0.c))
@@ -396,12 +399,17 @@ class Statements:
             write = SQL_EFFECTS[eff].appends
             if write is not None:
                 ctes += [stmt.cte(f"a{len(ctes)}") for stmt in write(first.name, m1.c, self.now)]
-        h1 = self.history_insert(first, m1, EFFECT.open_attempt in first.effects).cte("h1")
+        # first's row follows the creation's, written just before by this statement; on a stored intent the
+        # trigger reads the chain's head, after this statement's row lock (migration 0002)
+        after_h0 = None if h0 is None else sa.select(h0.c.row_hash).scalar_subquery()
+        h1 = self.history_insert(first, m1, EFFECT.open_attempt in first.effects, after=after_h0).cte("h1")
         ctes.append(h1)
         # second's rows read the moved row once first's history row is in: its seq and chain come after
         m2 = sa.select(*u.c).where(sa.select(h1.c.seq).exists()).cte("m2")
-        for i, stmt in enumerate(self.appends(second, m2, prefix="b")):
-            ctes.append(adapt(stmt, stop=[m2]).cte(f"b{i}"))
+        # second's history row follows first's, which this statement wrote under the same row lock
+        after_h1 = sa.select(h1.c.row_hash).scalar_subquery()
+        for i, stmt in enumerate(self.appends(second, m2, prefix="b", after=after_h1)):
+            ctes.append(adapt(stmt, stop=[m2, h1]).cte(f"b{i}"))
         steps += [sa.select(sa.literal(0).label("step"), *m1.c), sa.select(sa.literal(1).label("step"), *u.c)]
         if lossable:
             cfg = sa.select(sa.func.set_config("synchronous_commit", "off", True).label("sc")).cte("cfg")
@@ -409,24 +417,26 @@ class Statements:
         one = sa.union_all(*steps).add_cte(*ctes)
         return {"one": sa.select(*one.subquery("r").c).order_by(sa.literal_column("step"))}
 
-    def appends(self, ev: Any, src: Any, returning: bool = True, prefix: str = "") -> list[sa.Insert | sa.Update]:
+    def appends(
+        self, ev: Any, src: Any, returning: bool = True, prefix: str = "", after: Any = None
+    ) -> list[sa.Insert | sa.Update]:
         """The rows an accepted move writes, as ``INSERT ... SELECT`` from the moved row ``src``: each
         effect's (``atmostonce_sql.effects``), in the table's order, then the history row and the
         reconciliation record. ``returning=False``: no statement of the list returns a row (PostgreSQL's
         history row returns its ``seq`` otherwise), so each may be sent once for many rows (``executemany``).
-        ``prefix`` names the history row's CTE (``<prefix>h``) where two moves share one statement."""
+        ``prefix`` names the history row's CTE (``<prefix>h``) where two moves share one statement; ``after``
+        is its predecessor's hash where the statement knows it (:meth:`history_insert`)."""
         out: list[sa.Insert | sa.Update] = []
         for eff in ev.effects:
             write = SQL_EFFECTS[eff].appends
             if write is not None:
                 out += write(ev.name, src.c, self.now)
-        hist = self.history_insert(ev, src, EFFECT.open_attempt in ev.effects)
+        opens = EFFECT.open_attempt in ev.effects
+        hist = self.history_insert(ev, src, opens, after=after)
         if self.dialect == "postgresql":  # the record of an unknown send joins its history row's seq
             h = hist.cte(f"{prefix}h")
             rec = self.reconciliation_insert(ev, src, sa.select(h.c.seq).scalar_subquery())
-            top = (
-                hist if returning else self.history_insert(ev, src, EFFECT.open_attempt in ev.effects, returning=False)
-            )
+            top = hist if returning else self.history_insert(ev, src, opens, returning=False, after=after)
             if rec is None:
                 out.append(top)
             elif reconciliation_step(self.table, ev.name)[0] == "open":  # type: ignore[index]  # rec: a step
@@ -467,18 +477,23 @@ class Statements:
             q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
         return sa.insert(reconciliations).from_select(cols, q)
 
-    def history_insert(self, ev: Any, src: Any, opens: bool, returning: bool = True) -> sa.Insert:
+    def history_insert(self, ev: Any, src: Any, opens: bool, returning: bool = True, after: Any = None) -> sa.Insert:
         """The history row of a move. PostgreSQL's trigger (migration 0002) chains it (and the statement
-        returns its ``seq``, unless ``returning=False``); on SQLite the statement assigns the sequence itself
-        and chains the row through ``aom_chain_hash`` (the writer lock is held, so the newest row read here is
-        the chain's head)."""
+        returns its ``seq`` and ``row_hash``, unless ``returning=False``); on SQLite the statement assigns the
+        sequence itself and chains the row through ``aom_chain_hash`` (the writer lock is held, so the newest
+        row read here is the chain's head).
+
+        ``after`` (PostgreSQL): the row's predecessor, known to the statement: the ``row_hash`` of the history
+        row it wrote just before, under the same row lock, or SQL ``NULL`` when the statement creates the
+        intent. It is given as ``prev_hash`` with ``row_hash`` ``''``, and the trigger computes the hash without
+        reading the chain (migration 0016)."""
         u = src.c
         if opens or ev.creates:
             token, gen = u.attempt_token, u.generation
         else:
             token = u.prev_attempt_token
             gen = sa.func.coalesce(sa.bindparam("p_generation", type_=sa.BigInteger), u.generation)
-        values = (
+        values: tuple[Any, ...] = (
             u.key,
             sa.literal(ev.name, sa.Text),
             sa.bindparam("p_actor", type_=sa.Text),
@@ -491,8 +506,11 @@ class Statements:
         )
         names = list(HISTORY_COLUMNS)
         if self.dialect == "postgresql":
+            if after is not None:
+                names += ["prev_hash", "row_hash"]
+                values += (after, sa.literal("", sa.Text))
             ins = sa.insert(history).from_select(names, sa.select(*values))
-            return ins.returning(history.c.seq) if returning else ins
+            return ins.returning(history.c.seq, history.c.row_hash) if returning else ins
         h = history.c
         next_seq = sa.literal_column(
             "max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'aom_history'), 0), "
