@@ -125,4 +125,3 @@ def test_a_text_value_with_a_nul_byte_is_refused_rather_than_cut_short():
 
     with pytest.raises(psycopg.DataError):
         _text_value("r1\x00tail")
-
