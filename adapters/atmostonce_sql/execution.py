@@ -63,6 +63,7 @@ _LOCK_NOT_AVAILABLE = "55P03"
 _PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
 """The statements :meth:`Executor._query` prepared, per psycopg connection (a new connection has none)."""
 _NO_SUCH_PREPARED = "26000"
+_DUPLICATE_PREPARED = "42P05"
 _STALE_PREPARED = frozenset({_NO_SUCH_PREPARED, "0A000"})  # gone, or "cached plan must not change result type"
 
 
@@ -439,7 +440,11 @@ class Executor:
                     pgconn.send_prepare(pname, sql.encode(), param_types=self._param_types(stmts, name))
                     for res in raw.wait(generators.execute(pgconn)):
                         if res.status == pq.ExecStatus.FATAL_ERROR:
-                            raise psycopg.errors.error_from_result(res, encoding=raw.info.encoding)
+                            exc = psycopg.errors.error_from_result(res, encoding=raw.info.encoding)
+                            # already prepared on this session (an interrupt lost the note of it): the name is
+                            # the SQL's digest, so it is this statement, with these types
+                            if exc.sqlstate != _DUPLICATE_PREPARED:
+                                raise exc
                     prepared.add(pname)
                 pgconn.send_query_prepared(pname, values)
                 res = raw.wait(generators.execute(pgconn))[-1]
@@ -448,8 +453,9 @@ class Executor:
             exc = psycopg.errors.error_from_result(res, encoding=raw.info.encoding)
             if exc.sqlstate not in _STALE_PREPARED or retry:
                 raise exc
-            # the server no longer holds the statement as prepared: it did not run (its transaction, the
-            # statement alone, rolled back), so it is prepared again and sent once more
+            # the server no longer holds the statement as prepared (or the statement raised that code itself):
+            # either way its transaction, the statement alone, rolled back, so it is prepared again (if the
+            # server still has it, that is found above) and sent once more
             prepared.discard(pname)
             if exc.sqlstate != _NO_SUCH_PREPARED:
                 with raw.lock:
@@ -475,9 +481,9 @@ class Executor:
         """PostgreSQL: :meth:`run`, returning every row (as mappings, in the statement's order)."""
         raw: Any = conn.connection.dbapi_connection
         try:
-            if raw.autocommit:
+            if raw.autocommit and raw.info.encoding == "utf-8":  # _query sends text as UTF-8
                 names, rows = self._query(raw, stmts, name, params)
-            else:  # inside a transaction: psycopg's cursor opens it (BEGIN) before the first statement
+            else:  # inside a transaction psycopg's cursor opens it (BEGIN); it also encodes for the connection
                 cur = self.send(raw, stmts, name, params)
                 try:
                     names = [d.name for d in cur.description]
@@ -522,41 +528,50 @@ class Executor:
         psycopg's pipeline on the autocommit connection ``conn`` (with ``lossable``, the transaction commits
         with ``synchronous_commit = off``). Every queued move fails when it moved no row, which aborts the
         transaction, so the COMMIT applies every move or none. Returns the moved rows in order; raises
-        :class:`MoveRefused` when a move moved no row (the transaction rolled back)."""
+        :class:`MoveRefused` when a move moved no row (the transaction rolled back). When the server no longer
+        holds one of psycopg's prepared statements (SQLSTATE 26000: a ``DISCARD ALL`` psycopg did not see),
+        nothing was written, and ``body`` runs once more, on statements psycopg prepares anew."""
         import psycopg
 
         raw: Any = conn.connection.dbapi_connection
-        pipe = Pipeline(self, raw)
-        try:
-            first: psycopg.Error | None = None  # what failed inside the block: the cause, not the abort after it
+        for retry in (False, True):
+            pipe = Pipeline(self, raw)
             try:
-                with raw.pipeline():
-                    try:
-                        # never prepared: psycopg prepares a statement it has run five times, and a Parse queued
-                        # after a refused move is skipped by the aborted pipeline while psycopg keeps its name, so
-                        # every later COMMIT on the connection would fail with "prepared statement does not exist"
-                        raw.execute("BEGIN", prepare=False)
-                        if lossable:
-                            raw.execute("SET LOCAL synchronous_commit = off", prepare=False)
-                        body(pipe)
-                        raw.execute("COMMIT", prepare=False)
-                    except psycopg.Error as exc:
-                        # left by the block, the pipeline would end with psycopg logging "pipeline aborted" as a
-                        # warning; kept here, its exit raises that abort, which the cause below replaces
-                        first = exc
+                first: psycopg.Error | None = None  # what failed inside the block: the cause, not the abort after it
+                try:
+                    with raw.pipeline():
+                        try:
+                            # never prepared: psycopg prepares a statement it has run five times, and a Parse queued
+                            # after a refused move is skipped by the aborted pipeline while psycopg keeps its name,
+                            # so every later COMMIT on the connection would fail with "prepared statement does not
+                            # exist"
+                            raw.execute("BEGIN", prepare=False)
+                            if lossable:
+                                raw.execute("SET LOCAL synchronous_commit = off", prepare=False)
+                            body(pipe)
+                            raw.execute("COMMIT", prepare=False)
+                        except psycopg.Error as exc:
+                            # left by the block, the pipeline would end with psycopg logging "pipeline aborted" as
+                            # a warning; kept here, its exit raises that abort, which the cause below replaces
+                            first = exc
+                except psycopg.Error as exc:
+                    raise first or exc from None
+                if first is not None:
+                    raise first
+                return pipe.rows()
             except psycopg.Error as exc:
-                raise first or exc from None
-            if first is not None:
-                raise first
-            return pipe.rows()
-        except psycopg.Error as exc:
-            with contextlib.suppress(psycopg.Error):
-                raw.execute("ROLLBACK", prepare=False)
-            if getattr(exc, "sqlstate", None) == REFUSED_SQLSTATE:
-                raise MoveRefused(exc.diag.message_detail) from exc
-            if raw.broken or raw.closed:  # the connection is gone: the pool must not hand it out again
-                conn.invalidate()
-            raise sa.exc.DBAPIError.instance("pipelined moves", None, exc, type(exc)) from exc
+                with contextlib.suppress(psycopg.Error):
+                    raw.execute("ROLLBACK", prepare=False)  # psycopg forgets its prepared statements on it
+                if getattr(exc, "sqlstate", None) == REFUSED_SQLSTATE:
+                    raise MoveRefused(exc.diag.message_detail) from exc
+                if raw.broken or raw.closed:  # the connection is gone: the pool must not hand it out again
+                    conn.invalidate()
+                elif getattr(exc, "sqlstate", None) == _NO_SUCH_PREPARED and not retry:
+                    # psycopg's prepared statement was dropped on the server (a DISCARD ALL it did not see): the
+                    # transaction rolled back, nothing was written, and psycopg prepares its statements anew
+                    continue
+                raise sa.exc.DBAPIError.instance("pipelined moves", None, exc, type(exc)) from exc
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
 
 class Pipeline:

@@ -599,6 +599,7 @@ class SqlStore(SqlClaims, Operations):
         queued: list[tuple[Any, dict[str, Any]]] = []
 
         def body(pipe: Any) -> None:
+            queued.clear()  # run again when the pipeline is retried (Executor.pipeline)
             for event, args in steps:
                 ev = self.table.event(event)
                 if callable(args):
