@@ -15,7 +15,7 @@ MUTMUT_SLICE_TESTS ?= tests/test_identity.py tests/test_identity_format.py tests
 MUTMUT  ?=
 
 
-.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-stale mutmut-slice wheel-check clean
+.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench bench-ab matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-stale mutmut-slice wheel-check clean
 
 # the test stack (every extra): make test, quick and the rest
 $(STAMP): pyproject.toml
@@ -144,6 +144,11 @@ $(BENCH_VENV)/.installed: pyproject.toml
 bench: $(STAMP) $(BENCH_VENV)/.installed
 	$(BIN)/python tests/bench/bench_store.py --write
 	$(BENCH_VENV)/bin/python tests/bench/bench_dispatch.py --write
+
+## one hot-path change with and without it, taking turns in one process (tests/bench/ab_publish.py)
+bench-ab: $(STAMP)
+	$(BIN)/python tests/bench/ab_publish.py query
+	$(BIN)/python tests/bench/ab_publish.py chain
 
 ## the Matrix transport against a real local Synapse, and the demo on it
 matrix: $(STAMP)

@@ -139,3 +139,49 @@ def test_an_authorization_behind_a_backlog_the_statistics_missed_reads_its_row_b
         pg_databases.drop(url)
     assert read["aom_intents_claimable"] == read["aom_intents_state"] == 0, read
     assert read["aom_intents_pkey"] > 0
+
+
+def test_an_authorization_planned_while_the_text_claims_were_empty_reads_them_through_their_index(pg_databases):
+    """A cached generic plan outlives the statistics it was made from. The store's statements are planned on
+    their first run, here on a new database whose tables were all analyzed empty; then thousands of text claims
+    arrive (other accounts' sends) with no ANALYZE since. Every later authorization still checks the duplicate
+    text window through the claims' index, never by reading the whole table: the claims table's sequential
+    scans stay at zero across the publishes (``pg_stat_user_tables``)."""
+    from atmostonce.runtime import Dispatcher
+    from atmostonce_sql import open_store
+    from tests.test_fused_dispatch import CONFIG, Platform
+
+    url = pg_databases.fresh()
+    store = open_store(url, migrate=False, pool_size=1)
+    try:
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")  # what autovacuum does on a new database: every table counted empty
+        dispatcher = Dispatcher(store, Platform(), CONFIG)
+        assert dispatcher.publish("acct", "post", "room-0", {"text": "first"})[1] == "read_back.match"
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO aom_text_claims (key, account, text_hash, start_at, end_at, released) "
+                "SELECT i.key, 'other-' || g, md5(g::text), 0, 1e12, false "
+                "FROM aom_intents i, generate_series(1, %s) g",
+                (BACKLOG,),
+            )
+
+        def scans():
+            # the store's one connection reports its counters when it next goes idle, not later
+            with store._exec.tx(autocommit=True) as conn:
+                conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")
+            with store.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+                return conn.exec_driver_sql(
+                    "SELECT seq_scan, idx_scan FROM pg_stat_user_tables WHERE relname = 'aom_text_claims'"
+                ).one()
+
+        seq_before, idx_before = scans()
+        for i in range(1, 6):
+            assert dispatcher.publish("acct", "post", f"room-{i}", {"text": f"send {i}"})[1] == "read_back.match"
+        seq_after, idx_after = scans()
+        assert seq_after == seq_before
+        assert idx_after >= idx_before + 5
+    finally:
+        store.close()
+        pg_databases.drop(url)

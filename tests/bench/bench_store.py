@@ -61,12 +61,16 @@ def seed(dsn: str, n: int) -> None:
 
 class Recorder:
     """Captures every (statement, parameters) the store sends to the driver, to count round trips
-    and to replay them raw. Wraps psycopg's cursor, so both of the store's execution paths are seen."""
+    and to replay them raw. Wraps psycopg's cursor and the store's own prepared statements
+    (``Executor._query``: recorded with the arguments the cursor would have sent), so every execution path
+    is seen."""
 
     def __init__(self, engine: sa.Engine):
+        from atmostonce_sql.execution import Executor
+
         self.calls: list[tuple[str, Any]] = []
         self.on = False
-        original = psycopg.Cursor.execute
+        original, original_query = psycopg.Cursor.execute, Executor._query
         recorder = self
 
         def execute(cur, query, params=None, *a, **kw):
@@ -74,7 +78,13 @@ class Recorder:
                 recorder.calls.append((query if isinstance(query, str) else str(query), params))
             return original(cur, query, params, *a, **kw)
 
+        def query(executor, raw, stmts, name, params):
+            if recorder.on:
+                recorder.calls.append((executor.native(stmts, name)[0], executor.arguments(stmts, name)(params)))
+            return original_query(executor, raw, stmts, name, params)
+
         psycopg.Cursor.execute = execute
+        Executor._query = query
 
 
 def lifecycle(store, i: int, tag: str) -> None:
