@@ -25,19 +25,6 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-_ENC = "CASE WHEN {v} IS NULL THEN '~;' ELSE octet_length({v})::text || ':' || {v} || ';' END"
-_FIELDS_PG = (
-    "NEW.seq::text",
-    "NEW.key",
-    "NEW.event",
-    "NEW.actor",
-    "NEW.from_state",
-    "NEW.to_state",
-    "NEW.attempt_token",
-    "NEW.generation::text",
-    "NEW.detail::text",
-    "encode(float8send(NEW.recorded_at), 'hex')",
-)
 _SQLITE_NO_UPDATE = (
     "CREATE TRIGGER aom_history_no_update BEFORE UPDATE ON aom_history "
     "BEGIN SELECT RAISE(ABORT, 'atmostonce: UPDATE on append-only table aom_history refused'); END"
@@ -93,7 +80,8 @@ def upgrade() -> None:
     )
 
     if dialect == "postgresql":
-        fields = " || ".join(_ENC.format(v=f) for f in _FIELDS_PG)
+        from atmostonce_sql.chain_sql import row_hash_sql
+
         op.execute(
             f"""
             CREATE FUNCTION aom_history_chain() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -102,8 +90,7 @@ def upgrade() -> None:
               -- locked the intent row, so the newest committed row of the chain is seen
               SELECT h.row_hash INTO NEW.prev_hash FROM aom_history h
                 WHERE h.key = NEW.key AND h.seq < NEW.seq ORDER BY h.seq DESC LIMIT 1;
-              NEW.row_hash := encode(sha256(convert_to(
-                '{audit.CHAIN_TAG}' || chr(10) || {_ENC.format(v="NEW.prev_hash")} || {fields}, 'UTF8')), 'hex');
+              NEW.row_hash := {row_hash_sql("NEW")};
               RETURN NEW;
             END $$
             """

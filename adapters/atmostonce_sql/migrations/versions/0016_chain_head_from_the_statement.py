@@ -26,28 +26,12 @@ down_revision = "0015"
 branch_labels = None
 depends_on = None
 
-# the row hash of migration 0002, unchanged: length-prefixed texts of the fields, in atmostonce.audit's order
-_ENC = "CASE WHEN {v} IS NULL THEN '~;' ELSE octet_length({v})::text || ':' || {v} || ';' END"
-_FIELDS = (
-    "NEW.seq::text",
-    "NEW.key",
-    "NEW.event",
-    "NEW.actor",
-    "NEW.from_state",
-    "NEW.to_state",
-    "NEW.attempt_token",
-    "NEW.generation::text",
-    "NEW.detail::text",
-    "encode(float8send(NEW.recorded_at), 'hex')",
-)
-
 
 def upgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
-    from atmostonce import audit
+    from atmostonce_sql.chain_sql import row_hash_sql
 
-    fields = " || ".join(_ENC.format(v=f) for f in _FIELDS)
     op.execute(
         f"""
         CREATE OR REPLACE FUNCTION aom_history_chain() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -62,8 +46,7 @@ def upgrade() -> None:
               USING ERRCODE = 'integrity_constraint_violation';
           END IF;
           -- row_hash '': the statement gave prev_hash (the row it wrote before, or none for a new intent)
-          NEW.row_hash := encode(sha256(convert_to(
-            '{audit.CHAIN_TAG}' || chr(10) || {_ENC.format(v="NEW.prev_hash")} || {fields}, 'UTF8')), 'hex');
+          NEW.row_hash := {row_hash_sql("NEW")};
           RETURN NEW;
         END $$
         """
