@@ -491,7 +491,7 @@ class Executor:
         """PostgreSQL: :meth:`run`, returning every row (as mappings, in the statement's order)."""
         raw: Any = conn.connection.dbapi_connection
         try:
-            if raw.autocommit and raw.info.encoding == "utf-8":  # _query sends text as UTF-8
+            if raw.autocommit and raw.pgconn.parameter_status(b"client_encoding") == b"UTF8":  # _query sends UTF-8
                 names, rows = self._query(raw, stmts, name, params)
             else:  # inside a transaction psycopg's cursor opens it (BEGIN); it also encodes for the connection
                 cur = self.send(raw, stmts, name, params)
