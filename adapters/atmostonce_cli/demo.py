@@ -229,8 +229,10 @@ def run_demo(
             sink.url,
             key_field="/delivery_key",
             lookup_fenced=True,
-            connect_timeout=2.0,
-            write_timeout=2.0,
+            # on loopback a connect or a write never takes long; the read times out on purpose (the sink's delay)
+            # the send lease (3 s) outlasts a whole send, connects included, so no answer can outlive it
+            connect_timeout=0.5,
+            write_timeout=0.5,
             read_timeout=0.8,
         )
         transport = HttpTransport(cfg)
