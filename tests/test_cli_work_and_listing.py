@@ -170,3 +170,26 @@ def test_work_exit_code_ignores_published_and_parked_intents_of_earlier_runs(cap
         "parked",
         "published",
     ]
+
+
+def test_work_names_an_earlier_unknown_send_its_reconciliation_parks(capsys, cli_db, tmp_path):
+    """A send left unknown by an earlier run, with one lookup allowed: the first pass spends it (not found, by an
+    unfenced lookup: no proof), the next one parks the send for a person. Each pass names it, the second as now
+    parked, and exits non-zero: a parked send needs a person as much as an unknown one."""
+    url, store = cli_db
+    earlier, _ = to_state(store, "indeterminate", max_reconciles=1)
+    states = []
+    with PlatformSink() as sink:
+        for _ in range(2):
+            with store.engine.begin() as conn:  # the reconciler's wait between two lookups of one send, passed
+                conn.exec_driver_sql("UPDATE aom_intents SET updated_at = updated_at - 3600")
+            rc, out, _ = run_cli(
+                capsys, "--json", "work", "--platform-config", _config(tmp_path, sink), "--database-url", url
+            )
+            states.append((rc, json.loads(out)["unsettled"]))
+        assert sink.creates == 0  # never resent
+    assert store.get(earlier.key).state == "parked"
+    assert states == [
+        (EXIT_STORE, [{"key": earlier.key, "outcome": None, "state": "indeterminate"}]),
+        (EXIT_STORE, [{"key": earlier.key, "outcome": None, "state": "parked"}]),
+    ]

@@ -367,14 +367,17 @@ def cmd_work(args) -> int:
             outcome = store.table.outcomes.get(name)
             if outcome is not None and outcome.state in unknown:
                 left_unknown[key] = name
+        # every send still unknown before reconciliation runs: the ones it settles drop out below, and one it parks
+        # (its lookups spent, or evidence that needs a person) is named with the ones left unknown
+        unknown_before = [it.key for it in _all_intents(store, unknown) if it.key not in left_unknown]
         for name, n in Reconciler(store, transport, runtime).run().items():
             counts[f"reconcile:{name}"] = counts.get(f"reconcile:{name}", 0) + n
     finally:
         transport.close()
     # a send whose outcome is still unknown after this pass's reconciliation needs looking at: name it, exit 3.
-    # First this pass's own sends (with the outcome that left them unknown), then every other intent still in
-    # an unknown state: sent before this pass, by an earlier run or a worker whose send lease the sweep found
-    # lapsed (outcome None: this pass sent nothing for it)
+    # First this pass's own sends (with the outcome that left them unknown), then every other send that was
+    # unknown when reconciliation began: sent before this pass, by an earlier run or a worker whose send lease
+    # the sweep found lapsed (outcome None: this pass sent nothing for it), still unknown or now parked for a person
     settled = (STATE.published, STATE.failed, STATE.pending)
     unsettled: list[dict[str, Any]] = [
         {"key": key, "outcome": name, "state": st}
@@ -382,9 +385,9 @@ def cmd_work(args) -> int:
         if (st := store.get(key).state) not in settled
     ]
     unsettled += [
-        {"key": it.key, "outcome": None, "state": it.state}
-        for it in _all_intents(store, unknown)
-        if it.key not in left_unknown
+        {"key": key, "outcome": None, "state": st}
+        for key in unknown_before
+        if (st := store.get(key).state) not in settled
     ]
     text = "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to do"
     if unsettled:
@@ -1025,7 +1028,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="one worker pass: sweep, dispatch pending intents, reconcile unknown ones",
             description="One worker pass: sweep, dispatch pending intents, reconcile unknown ones. Exits 3 when "
             "the pass ends with a send whose outcome is unknown (a send of this pass left unknown, or an intent "
-            "still indeterminate from before the pass), each named (--json: unsettled); nothing is resent, a "
+            "indeterminate from before the pass, still unknown or parked by this pass's reconciliation), each named "
+            "(--json: unsettled); nothing is resent, a "
             "person settles them (intents show, resolve, park). Otherwise the usual codes: 0 done, 2 bad input, "
             "3 database error.",
         )
