@@ -67,11 +67,6 @@ _DUPLICATE_PREPARED = "42P05"
 _STALE_PREPARED = frozenset({_NO_SUCH_PREPARED, "0A000"})  # gone, or "cached plan must not change result type"
 
 
-def _deallocate(pgconn: Any, pname: bytes) -> Any:
-    pgconn.send_query(b"DEALLOCATE " + pname)
-    return pgconn
-
-
 def _text_value(v: Any) -> bytes | None:
     """A parameter's value in PostgreSQL's text format (what the server parses for the ``$n``'s type): a
     ``str``, ``bool``, ``int`` or ``float`` (or a subclass: its value, not its ``str()``), psycopg's
@@ -112,6 +107,39 @@ _OIDS: tuple[tuple[type, int], ...] = (
     (sa.JSON, 114),
 )
 """A bind's PostgreSQL type OID by its SQLAlchemy type (checked in order: ``Float`` is a ``Numeric``)."""
+
+
+def _processed(proc: Any, v: Any) -> Any:
+    """A bind's value as its bind processor leaves it (``None`` stays ``None``)."""
+    return proc(v) if proc is not None and v is not None else v
+
+
+def _encoded(proc: Any, v: Any) -> bytes | None:
+    """A bind's value processed, in PostgreSQL's text format (:func:`_text_value`)."""
+    if proc is None and type(v) is str and "\x00" not in v:  # the common case, without another call
+        return v.encode()
+    return _text_value(_processed(proc, v))
+
+
+def _binder(
+    parts: tuple[tuple[str, Any, Any, bool], ...], value: Callable[[Any, Any], Any]
+) -> Callable[[Mapping[str, Any]], list[Any]]:
+    """The function from a statement's parameters to its arguments in placeholder order: a passed bind's
+    ``value(processor, given)``, any other bind its part's value (a constant of the statement); a required bind
+    not passed raises ``InvalidRequestError``, as SQLAlchemy refuses it."""
+
+    def bind(params: Mapping[str, Any]) -> list[Any]:
+        out = []
+        for k, proc, default, required in parts:
+            if k in params:
+                out.append(value(proc, params[k]))
+            elif required:
+                raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
+            else:
+                out.append(default)
+        return out
+
+    return bind
 
 
 class ConstraintRefused(StoreError):
@@ -333,26 +361,22 @@ class Executor:
         ``InvalidRequestError`` when a required parameter is missing."""
         plan = stmts.get(f"{name}.arguments")
         if plan is None:
+            plan = stmts[f"{name}.arguments"] = _binder(self._parts(stmts, name), _processed)
+        return plan
+
+    def _parts(self, stmts: dict[str, Any], name: Any) -> tuple[tuple[str, Any, Any, bool], ...]:
+        """Each bind of a cached statement in its placeholders' order: its name, its bind processor, its value as
+        compiled and processed (the statement's constants; a required bind's is ``None``), whether it is
+        required."""
+        parts = stmts.get(f"{name}.parts")
+        if parts is None:
             c, _, processors = self.compiled(stmts, name)
             order = self.native(stmts, name)[1] if self.dialect == "postgresql" else tuple(c.positiontup or ())
-            fixed = c.construct_params(_check=False)  # the compiled values; a required bind's is None
-            fixed = {k: processors[k](v) if k in processors and v is not None else v for k, v in fixed.items()}
-            parts = tuple((k, processors.get(k), fixed.get(k), c.binds[k].required) for k in order)
-
-            def plan(params: Mapping[str, Any]) -> list[Any]:
-                out = []
-                for k, proc, default, required in parts:
-                    if k in params:
-                        v = params[k]
-                        out.append(proc(v) if proc is not None and v is not None else v)
-                    elif required:  # as SQLAlchemy refuses it: a parameter the statement needs was not given
-                        raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
-                    else:
-                        out.append(default)
-                return out
-
-            stmts[f"{name}.arguments"] = plan
-        return plan
+            fixed = c.construct_params(_check=False)
+            parts = stmts[f"{name}.parts"] = tuple(
+                (k, processors.get(k), _processed(processors.get(k), fixed.get(k)), c.binds[k].required) for k in order
+            )
+        return parts
 
     def send(self, raw: Any, stmts: dict[str, Any], name: str, params: Mapping[str, Any]) -> Any:
         """Send a cached statement on the psycopg connection ``raw``; returns the open cursor."""
@@ -370,39 +394,10 @@ class Executor:
         processors leave them); any other type through psycopg's own dumper for it."""
         enc = stmts.get(f"{name}.encoder")
         if enc is None:
-            c, _, processors = self.compiled(stmts, name)
-            _, order = self.native(stmts, name)
-            fixed = c.construct_params(_check=False)  # the compiled values; a required bind's is None
             parts = tuple(
-                (
-                    k,
-                    processors.get(k),
-                    _text_value(
-                        processors[k](fixed[k]) if k in processors and fixed.get(k) is not None else fixed.get(k)
-                    ),
-                    c.binds[k].required,
-                )
-                for k in order
+                (k, proc, _text_value(value), required) for k, proc, value, required in self._parts(stmts, name)
             )
-
-            def enc(params: Mapping[str, Any]) -> list[bytes | None]:
-                out: list[bytes | None] = []
-                for k, proc, default, required in parts:
-                    if k in params:
-                        v = params[k]
-                        if v is None:
-                            out.append(None)
-                        elif proc is None and type(v) is str and "\x00" not in v:  # the common case, no call
-                            out.append(v.encode())
-                        else:
-                            out.append(_text_value(proc(v) if proc is not None else v))
-                    elif required:  # as SQLAlchemy refuses it: a parameter the statement needs was not given
-                        raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
-                    else:
-                        out.append(default)
-                return out
-
-            stmts[f"{name}.encoder"] = enc
+            enc = stmts[f"{name}.encoder"] = _binder(parts, _encoded)
         return enc
 
     def _param_types(self, stmts: dict[str, Any], name: str) -> list[int]:
@@ -469,7 +464,8 @@ class Executor:
             prepared.discard(pname)
             if exc.sqlstate != _NO_SUCH_PREPARED:
                 with raw.lock:
-                    raw.wait(generators.execute(_deallocate(pgconn, pname)))
+                    pgconn.send_query(b"DEALLOCATE " + pname)
+                    raw.wait(generators.execute(pgconn))
         names = stmts.get(f"{name}.columns")
         if names is None:  # the RETURNING list is fixed per statement
             names = stmts[f"{name}.columns"] = [res.fname(i).decode() for i in range(res.nfields)]
