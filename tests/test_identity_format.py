@@ -15,6 +15,8 @@ import re
 
 import pytest
 import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import atmostonce.identity as ident
 from atmostonce.errors import IdentityCode
@@ -209,3 +211,28 @@ def test_too_deep_and_out_of_range_values_are_refused_with_their_reason():
     with pytest.raises(IdentityError) as e:
         canonical_json({"n": 2**64})  # RFC 8785 numbers are IEEE doubles; this integer has no exact form
     assert (e.value.code, e.value.field) == (IdentityCode.NOT_CANONICAL, None)
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_JSON)
+def test_canonical_json_writes_the_bytes_rfc8785_writes(value):
+    # the common case goes through the json module's encoder; whatever it takes, the bytes are RFC 8785's
+    # (keys beyond the Basic Multilingual Plane sort by UTF-16 unit, floats are written as ECMAScript does)
+    assert canonical_json(value) == rfc8785.dumps(value)
+
+
+def test_keys_outside_the_basic_plane_sort_by_utf16_unit():
+    value = {"\U0001f600": 1, "\uff01": 2}  # by code point U+FF01 sorts first; by UTF-16 unit, the emoji does
+    assert canonical_json(value) == rfc8785.dumps(value) == '{"\U0001f600":1,"\uff01":2}'.encode()

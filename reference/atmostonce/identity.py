@@ -173,12 +173,45 @@ def _canonical_value(v: Any, path: str) -> Any:
     raise IdentityError(f"{path}: {type(v).__name__} is not JSON-serializable", code=IdentityCode.NOT_JSON, field=path)
 
 
+_JCS_INT = 2**53 - 1  # RFC 8785 writes numbers as IEEE doubles: larger integers have no exact form
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False).encode
+
+
+def _plain(v: Any) -> bool:
+    """Whether ``v`` is JSON whose RFC 8785 form is what :mod:`json`'s encoder writes with sorted keys, no
+    spaces and no ASCII escaping: objects (``dict``) with string keys inside the Basic Multilingual Plane (where
+    sorting by code point and by UTF-16 unit agree), arrays, strings without NUL, booleans, ``None`` and
+    integers of at most 53 bits. Floats are not plain: RFC 8785 writes them as ECMAScript does, not as
+    :func:`repr`. Raises ``RecursionError`` for values nested too deeply."""
+    if isinstance(v, str):
+        return "\x00" not in v
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, int):
+        return -_JCS_INT <= v <= _JCS_INT
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, str) or "\x00" in k or (not k.isascii() and max(k) > "\uffff"):
+                return False
+            if not _plain(x):
+                return False
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_plain(x) for x in v)
+    return False
+
+
 def canonical_json(value: Any) -> bytes:
     """RFC 8785 (JCS) canonical JSON bytes of ``value``.
 
     Raises :class:`IdentityError` for NaN, infinities, non-string keys,
     non-JSON types, NUL bytes and lone surrogates.
     """
+    try:
+        if _plain(value):  # the common case, by the C encoder: the same bytes (tests/test_identity_format.py)
+            return _ENCODE(value).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        pass  # a lone surrogate, or too deep: the checks below name it
     try:
         checked = _canonical_value(value, "$")
     except RecursionError as exc:
