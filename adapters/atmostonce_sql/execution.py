@@ -116,8 +116,16 @@ def _processed(proc: Any, v: Any) -> Any:
 
 def _encoded(proc: Any, v: Any) -> bytes | None:
     """A bind's value processed, in PostgreSQL's text format (:func:`_text_value`)."""
-    if proc is None and type(v) is str and "\x00" not in v:  # the common case, without another call
-        return v.encode()
+    if v is None:
+        return None
+    if proc is None:  # the common cases, without another call
+        t = type(v)
+        if t is str and "\x00" not in v:
+            return v.encode()
+        if t is bool:
+            return b"t" if v else b"f"
+        if t is float:
+            return float.__repr__(v).encode()
     return _text_value(_processed(proc, v))
 
 
@@ -128,15 +136,20 @@ def _binder(
     ``value(processor, given)``, any other bind its part's value (a constant of the statement); a required bind
     not passed raises ``InvalidRequestError``, as SQLAlchemy refuses it."""
 
+    template = [default for _, _, default, _ in parts]
+    constants = frozenset(k for k, _, default, required in parts if default is not None and not required)
+    # the binds a caller may pass: every one but the statement's constants (which a caller passes only by
+    # naming one, the rare case below)
+    variable = tuple((i, k, proc, required) for i, (k, proc, _, required) in enumerate(parts) if k not in constants)
+    every = tuple((i, k, proc, required) for i, (k, proc, _, required) in enumerate(parts))
+
     def bind(params: Mapping[str, Any]) -> list[Any]:
-        out = []
-        for k, proc, default, required in parts:
+        out = template.copy()
+        for i, k, proc, required in every if not constants.isdisjoint(params) else variable:
             if k in params:
-                out.append(value(proc, params[k]))
+                out[i] = value(proc, params[k])
             elif required:
                 raise sa.exc.InvalidRequestError(f"a value is required for bind parameter {k!r}")
-            else:
-                out.append(default)
         return out
 
     return bind

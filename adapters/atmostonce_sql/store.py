@@ -127,6 +127,7 @@ def register_sqlite_functions(dbapi_conn: Any) -> None:
 
 
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
+assert not hasattr(Intent, "__post_init__") and not hasattr(Intent, "__slots__"), "SqlStore._intent fills __dict__"
 
 
 class _Undo(Exception):
@@ -293,7 +294,11 @@ class SqlStore(SqlClaims, Operations):
         d["request"] = load_canonical(d["request"])  # canonical JSON text: the exact bytes that were digested
         d["descriptor"] = _json(d["descriptor"])
         d["requires_approval"] = bool(d["requires_approval"])  # SQLite's 0/1 when read without SQLAlchemy
-        return Intent(**d)
+        # every field given, so the frozen dataclass's __init__ (one object.__setattr__ per field, five rows a
+        # publish) would only copy them: the record is filled directly (_INTENT_FIELDS: no __post_init__)
+        intent = object.__new__(Intent)
+        intent.__dict__.update(d)
+        return intent
 
     # -- primitives -----------------------------------------------------------------------
     def _creation_statements(self) -> dict[str, Any]:
