@@ -125,3 +125,30 @@ def test_a_text_value_with_a_nul_byte_is_refused_rather_than_cut_short():
 
     with pytest.raises(psycopg.DataError):
         _text_value("r1\x00tail")
+
+
+@pytest.mark.postgres
+def test_a_closed_store_leaves_no_connection_alive_in_the_prepared_statement_cache(pg_databases):
+    """Each connection's prepared statements are remembered with the loaders of their rows, keyed weakly by
+    the connection. What is remembered must not refer back to the connection: once the store is closed its
+    connections are freed, not kept for the life of the process."""
+    import gc
+    import weakref
+
+    from atmostonce_sql import execution
+
+    url = pg_databases.fresh()
+    store = _open(url)
+    try:
+        dispatcher = Dispatcher(store, Platform(), CONFIG)
+        dispatcher.publish("acct", "post", "room-1", {"text": "one"})
+        with store._exec.tx(autocommit=True) as conn:
+            raw = weakref.ref(conn.connection.dbapi_connection)
+        remembered = execution._PREPARED.get(raw())
+        assert remembered is not None and any(t is not None for t in remembered.values())
+        del remembered
+    finally:
+        store.close()
+        pg_databases.drop(url)
+    gc.collect()
+    assert raw() is None

@@ -60,8 +60,24 @@ _DEADLOCK_DETECTED = "40P01"
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
-_PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
-"""The statements :meth:`Executor._query` prepared, per psycopg connection (a new connection has none)."""
+_PREPARED: weakref.WeakKeyDictionary[Any, dict[bytes, Any]] = weakref.WeakKeyDictionary()
+"""The statements :meth:`Executor._query` prepared, per psycopg connection (a new connection has none), each
+with the psycopg ``Transformer`` that loads its rows once it has run (``None`` before): its columns and their
+types are fixed while the statement stays prepared, so the loaders are looked up once."""
+
+
+class _Loading:
+    """The adaptation context of a ``Transformer`` kept in :data:`_PREPARED`: the connection's adapters without
+    the connection (a value referring to its weak key would keep the connection alive). Text is read as UTF-8,
+    the only encoding :meth:`Executor._query` runs under."""
+
+    __slots__ = ("adapters",)
+    connection = None
+
+    def __init__(self, adapters: Any):
+        self.adapters = adapters
+
+
 _NO_SUCH_PREPARED = "26000"
 _DUPLICATE_PREPARED = "42P05"
 _STALE_PREPARED = frozenset({_NO_SUCH_PREPARED, "0A000"})  # gone, or "cached plan must not change result type"
@@ -451,7 +467,7 @@ class Executor:
         pgconn = raw.pgconn
         prepared = _PREPARED.get(raw)
         if prepared is None:
-            prepared = _PREPARED[raw] = set()
+            prepared = _PREPARED[raw] = {}
         for retry in (False, True):
             with raw.lock:
                 if pname not in prepared:
@@ -463,7 +479,7 @@ class Executor:
                             # the SQL's digest, so it is this statement, with these types
                             if exc.sqlstate != _DUPLICATE_PREPARED:
                                 raise exc
-                    prepared.add(pname)
+                    prepared[pname] = None
                 pgconn.send_query_prepared(pname, values)
                 res = raw.wait(generators.execute(pgconn))[-1]
             if res.status != pq.ExecStatus.FATAL_ERROR:
@@ -474,7 +490,7 @@ class Executor:
             # the server no longer holds the statement as prepared (or the statement raised that code itself):
             # either way its transaction, the statement alone, rolled back, so it is prepared again (if the
             # server still has it, that is found above) and sent once more
-            prepared.discard(pname)
+            prepared.pop(pname, None)
             if exc.sqlstate != _NO_SUCH_PREPARED:
                 with raw.lock:
                     pgconn.send_query(b"DEALLOCATE " + pname)
@@ -482,8 +498,13 @@ class Executor:
         names = stmts.get(f"{name}.columns")
         if names is None:  # the RETURNING list is fixed per statement
             names = stmts[f"{name}.columns"] = [res.fname(i).decode() for i in range(res.nfields)]
-        tx = psycopg.adapt.Transformer(raw)
-        tx.set_pgresult(res)
+        tx = prepared.get(pname)
+        if tx is None:  # the first run since it was prepared: its columns' loaders are looked up once
+            tx = psycopg.adapt.Transformer(_Loading(raw.adapters))
+            tx.set_pgresult(res)
+            prepared[pname] = tx
+        else:
+            tx.set_pgresult(res, set_loaders=False)
         return names, tx.load_rows(0, res.ntuples, tuple)
 
     def run(
