@@ -70,3 +70,24 @@ def test_nothing_imports_a_store_opener_from_the_cli_package():
         if p != shim and "atmostonce_cli.stores" in _imports(p)
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize("scheme", ["memory", "sqlite"])
+def test_a_store_opened_in_a_with_block_is_closed_when_the_block_ends(tmp_path, monkeypatch, scheme):
+    url = "memory://" if scheme == "memory" else f"sqlite:///{tmp_path / 'a.sqlite3'}"
+    closed = []
+    with atmostonce.open_store(url) as store:
+        monkeypatch.setattr(store, "close", lambda: closed.append(True))
+        key = store.submit("acct", "post", "room", {"text": "hi"}).key
+        assert store.get(key).state == store.table.initial
+    assert closed == [True]
+
+
+def test_a_sqlite_store_closed_by_its_with_block_holds_no_connection(tmp_path):
+    with atmostonce.open_store(f"sqlite:///{tmp_path / 'a.sqlite3'}") as store:
+        store.submit("acct", "post", "room", {"text": "hi"})
+        pools = [store._exec.engine.pool, store._exec.autocommit.pool]
+        assert sum(p.checkedin() for p in pools if hasattr(p, "checkedin")) > 0
+    assert all(
+        p.checkedin() == 0 for p in [store._exec.engine.pool, store._exec.autocommit.pool] if hasattr(p, "checkedin")
+    )

@@ -190,7 +190,15 @@ class SqlStore(SqlClaims, Operations):
         self._opening = frozenset(e.name for e in self.table.events.values() if EFFECT.open_attempt in e.effects)
 
     def close(self) -> None:
+        """Close every pooled connection (both pools). The store is not used afterwards."""
         self._exec.dispose()
+
+    def __enter__(self) -> SqlStore:
+        """``with open_store(url) as store:`` closes the store when the block ends, as :meth:`close` does."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def _sql(self) -> Statements:

@@ -125,6 +125,13 @@ class MemoryStore(MemoryClaims, Operations):
     def close(self) -> None:
         pass
 
+    def __enter__(self) -> MemoryStore:
+        """A context manager as the database stores are (``with open_store(url) as store:``); closing holds nothing."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def text_window_seconds(self) -> float:
         """The duplicate-text window the ``text_window_clear`` guard reads: the stored one, else the default."""
