@@ -127,6 +127,10 @@ def register_sqlite_functions(dbapi_conn: Any) -> None:
 
 
 _INTENT_FIELDS = tuple(Intent.__dataclass_fields__)
+_MOVE_VALUES = ("key", "lease_seconds", "descriptor", "remote_id", "actor", "detail", "new_token", "new_generation")
+"""What a move's statement reads besides the guards' :data:`PARAMS` (:meth:`SqlStore._params`)."""
+_PREFIXED: dict[str, dict[str, str]] = {}
+"""Each parameter's name under a prefix (``p_``; ``p2_``, a fused statement's second move)."""
 assert not hasattr(Intent, "__post_init__") and not hasattr(Intent, "__slots__"), "SqlStore._intent fills __dict__"
 
 
@@ -413,23 +417,33 @@ class SqlStore(SqlClaims, Operations):
         values.update(fenced=args.get("fenced") is True, key=key, text_window=self.default_text_window_seconds)
         return values
 
-    def _params(self, ev, key: str, args: Mapping[str, Any], conn: Connection | None) -> dict[str, Any]:
-        """The move's statement parameters (``conn``: the open transaction, where SQLite draws the
-        generation; ``None`` on PostgreSQL, whose statement draws it from its sequence)."""
-        params = self._guard_values(key, args)
-        params.update(
-            lease_seconds=float(args.get("lease_seconds") or 0.0),
-            descriptor=dict(args.get("descriptor") or {}),
-            remote_id=args.get("remote_id"),
-            actor=ev.actor if not args.get("operator") else f"operator:{args['operator']}",
-            detail={k: args[k] for k in HISTORY_DETAIL if args.get(k) not in (None, {}, "")},
-        )
+    def _params(
+        self, ev, key: str, args: Mapping[str, Any], conn: Connection | None, prefix: str = "p_"
+    ) -> dict[str, Any]:
+        """The move's statement parameters, each name ``prefix`` + the argument's (``conn``: the open
+        transaction, where SQLite draws the generation; ``None`` on PostgreSQL, whose statement draws it from its
+        sequence): the guards' values (:meth:`_guard_values`), the lease, the descriptor, the remote id, the
+        actor and the history detail, and a move that opens an attempt its new token."""
+        names = _PREFIXED.get(prefix)
+        if names is None:
+            names = _PREFIXED[prefix] = {n: prefix + n for n in (*PARAMS, *_MOVE_VALUES)}
+        get = args.get
+        params = {names[n]: get(n) for n in PARAMS}
+        operator = get("operator")
+        params[names["fenced"]] = get("fenced") is True
+        params[names["key"]] = key
+        params[names["text_window"]] = self.default_text_window_seconds
+        params[names["lease_seconds"]] = float(get("lease_seconds") or 0.0)
+        params[names["descriptor"]] = dict(get("descriptor") or {})
+        params[names["remote_id"]] = get("remote_id")
+        params[names["actor"]] = f"operator:{operator}" if operator else ev.actor
+        params[names["detail"]] = {k: args[k] for k in HISTORY_DETAIL if get(k) not in (None, {}, "")}
         if EFFECT.open_attempt in ev.effects:
-            params["new_token"] = attempt_token()
+            params[names["new_token"]] = attempt_token()
             if self.dialect != "postgresql":
                 assert conn is not None, "SQLite draws the generation inside the move's transaction"
-                params["new_generation"] = self._next_generation(conn)
-        return {f"p_{k}": v for k, v in params.items()}
+                params[names["new_generation"]] = self._next_generation(conn)
+        return params
 
     def _statements(self, ev, coupled: bool = False) -> dict[str, Any]:
         """Cached statements for ``ev``: the gate (``update``), the appends, the diagnosis, and on
@@ -657,8 +671,7 @@ class SqlStore(SqlClaims, Operations):
         if stmts is None:
             stmts = self._cache[cache_key] = self._sql.fused(ev, ev2, chained, lossable, first_key[1], creating)
         params = self._params(ev, key, args1, None)
-        fixed = args2.fixed if chained else args2
-        params |= {f"p2_{k[2:]}": v for k, v in self._params(ev2, key, fixed, None).items()}
+        params |= self._params(ev2, key, args2.fixed if chained else args2, None, "p2_")
         return stmts, params, chained
 
     def _fused(self, key: str, steps: list[tuple[str, Any]]) -> list[Intent] | None:
