@@ -66,10 +66,18 @@ with the psycopg ``Transformer`` that loads its rows once it has run (``None`` b
 types are fixed while the statement stays prepared, so the loaders are looked up once."""
 
 
+_SESSION_FREE = frozenset({16, 20, 21, 23, 25, 114, 700, 701, 1043, 1700, 3802})
+"""The result types whose loaders read no session setting (boolean, integers, text, varchar, floats, numeric,
+json, jsonb): a statement whose columns are all of these keeps its loaders (:data:`_PREPARED`). A date or time
+depends on the session's ``DateStyle`` and ``TimeZone``, and is loaded with the connection's context each run."""
+
+
 class _Loading:
     """The adaptation context of a ``Transformer`` kept in :data:`_PREPARED`: the connection's adapters without
     the connection (a value referring to its weak key would keep the connection alive). Text is read as UTF-8,
-    the only encoding :meth:`Executor._query` runs under."""
+    the only encoding :meth:`Executor._query` runs under. The loaders are the adapters' when the statement first
+    ran on the connection (the store's statements read their own columns; a loader registered later on the
+    connection is not looked up for them)."""
 
     __slots__ = ("adapters",)
     connection = None
@@ -499,13 +507,18 @@ class Executor:
         if names is None:  # the RETURNING list is fixed per statement
             names = stmts[f"{name}.columns"] = [res.fname(i).decode() for i in range(res.nfields)]
         tx = prepared.get(pname)
-        if tx is None:  # the first run since it was prepared: its columns' loaders are looked up once
-            tx = psycopg.adapt.Transformer(_Loading(raw.adapters))
-            tx.set_pgresult(res)
-            prepared[pname] = tx
-        else:
+        if tx is not None:
             tx.set_pgresult(res, set_loaders=False)
-        return names, tx.load_rows(0, res.ntuples, tuple)
+        elif all(res.ftype(i) in _SESSION_FREE for i in range(res.nfields)):
+            # the first run since it was prepared: its columns' loaders are looked up once
+            tx = prepared[pname] = psycopg.adapt.Transformer(_Loading(raw.adapters))
+            tx.set_pgresult(res)
+        else:  # a date or time, or a type of the application's: loaded as the session reads it, each run
+            tx = psycopg.adapt.Transformer(raw)
+            tx.set_pgresult(res)
+        rows = tx.load_rows(0, res.ntuples, tuple)
+        tx.set_pgresult(None, set_loaders=False)  # the result is not kept until the next run
+        return names, rows
 
     def run(
         self, conn: Connection, stmts: dict[str, Any], name: str, params: Mapping[str, Any]

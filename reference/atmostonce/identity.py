@@ -177,27 +177,35 @@ _JCS_INT = 2**53 - 1  # RFC 8785 writes numbers as IEEE doubles: larger integers
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False).encode
 
 
-def _plain(v: Any) -> bool:
+_PLAIN_DEPTH = 64  # deeper values take the checked path, which names a value too deep exactly as before
+
+
+def _plain(v: Any, depth: int = 0) -> bool:
     """Whether ``v`` is JSON whose RFC 8785 form is what :mod:`json`'s encoder writes with sorted keys, no
-    spaces and no ASCII escaping: objects (``dict``) with string keys inside the Basic Multilingual Plane (where
-    sorting by code point and by UTF-16 unit agree), arrays, strings without NUL, booleans, ``None`` and
-    integers of at most 53 bits. Floats are not plain: RFC 8785 writes them as ECMAScript does, not as
-    :func:`repr`. Raises ``RecursionError`` for values nested too deeply."""
-    if isinstance(v, str):
+    spaces and no ASCII escaping: objects (exactly ``dict``) with keys of exactly ``str`` inside the Basic
+    Multilingual Plane (where sorting by code point and by UTF-16 unit agree), arrays (``list``, ``tuple``),
+    strings (exactly ``str``) without NUL, booleans, ``None`` and integers (exactly ``int``) of at most 53 bits,
+    nested at most :data:`_PLAIN_DEPTH` deep. Subclasses are not plain: their own ordering, items or conversions
+    are what the checked path reads. Floats are not plain: RFC 8785 writes them as ECMAScript does, not as
+    :func:`repr`."""
+    t = type(v)
+    if t is str:
         return "\x00" not in v
-    if v is None or isinstance(v, bool):
+    if v is None or t is bool:
         return True
-    if isinstance(v, int):
+    if t is int:
         return -_JCS_INT <= v <= _JCS_INT
-    if isinstance(v, dict):
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if t is dict:
         for k, x in v.items():
-            if not isinstance(k, str) or "\x00" in k or (not k.isascii() and max(k) > "\uffff"):
+            if type(k) is not str or "\x00" in k or (not k.isascii() and max(k) > "\uffff"):
                 return False
-            if not _plain(x):
+            if not _plain(x, depth + 1):
                 return False
         return True
-    if isinstance(v, (list, tuple)):
-        return all(_plain(x) for x in v)
+    if t is list or t is tuple:
+        return all(_plain(x, depth + 1) for x in v)
     return False
 
 
@@ -211,7 +219,7 @@ def canonical_json(value: Any) -> bytes:
         if _plain(value):  # the common case, by the C encoder: the same bytes (tests/test_identity_format.py)
             return _ENCODE(value).encode("utf-8")
     except (UnicodeEncodeError, RecursionError):
-        pass  # a lone surrogate, or too deep: the checks below name it
+        pass  # a lone surrogate, or a caller already deep in its stack: the checks below name it
     try:
         checked = _canonical_value(value, "$")
     except RecursionError as exc:
