@@ -194,7 +194,7 @@ def _plain(v: Any, depth: int = 0) -> bool:
     if v is None or t is bool:
         return True
     if t is int:
-        return -_JCS_INT <= v <= _JCS_INT
+        return bool(-_JCS_INT <= v <= _JCS_INT)
     if depth >= _PLAIN_DEPTH:
         return False
     if t is dict:
