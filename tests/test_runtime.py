@@ -104,7 +104,7 @@ def test_connect_refused_is_not_sent_and_retried(any_store):
     with HttpTransport(sink_config(url, connect_timeout=1)) as transport:
         assert Dispatcher(store, transport, CONFIG).dispatch(it.key) == "send.not_sent"
     assert store.get(it.key).state == "failed"
-    assert Sweeper(store, CONFIG).retry_failed() == {"retried": 1, "exhausted": 0, "skipped": 0}
+    assert Sweeper(store, CONFIG).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
     assert store.get(it.key).state == "pending"
 
 

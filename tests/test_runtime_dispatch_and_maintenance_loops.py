@@ -160,6 +160,7 @@ def test_a_store_without_approvals_has_none_to_expire(store):
         "skipped": 0,
         "retried": 0,
         "exhausted": 0,
+        "waiting": 0,
         "approvals_expired": 0,
     }
 
@@ -169,7 +170,7 @@ def test_a_retry_pass_reads_at_most_its_limit_of_failed_intents_exhausted_ones_i
     clock.advance(1)
     fresh, _ = to_state(store, "failed", text="fresh", target="room-2", max_attempts=3)
     assert [i.key for i in store.list_intents(state="failed")] == [spent.key, fresh.key]
-    assert Sweeper(store, CONFIG).retry_failed(limit=1) == {"retried": 0, "exhausted": 1, "skipped": 0}
+    assert Sweeper(store, CONFIG).retry_failed(limit=1) == {"retried": 0, "exhausted": 1, "waiting": 0, "skipped": 0}
     assert store.get(spent.key).state == "parked"
     assert store.get(fresh.key).state == "failed"  # left for the next pass
 
@@ -192,6 +193,6 @@ def test_a_retry_pass_stops_at_its_limit_across_every_state_the_tables_retry_lea
     failed, _ = to_state(store, "failed", text="a", target="room-1")
     clock.advance(1)
     waiting = submit(store, text="b", target="room-2")
-    assert Sweeper(store, CONFIG).retry_failed(limit=1) == {"retried": 1, "exhausted": 0, "skipped": 0}
+    assert Sweeper(store, CONFIG).retry_failed(limit=1) == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
     assert [h.event for h in store.history(failed.key)].count("retry") == 1
     assert "retry" not in [h.event for h in store.history(waiting.key)]

@@ -604,21 +604,21 @@ def failed(s, n, **kw):
 def test_retry_failed_takes_at_most_the_given_limit_not_the_configured_one():
     s = MemoryStore(clock=FakeClock())
     failed(s, 3)
-    assert Sweeper(s, CONFIG).retry_failed(limit=2) == {"retried": 2, "exhausted": 0, "skipped": 0}
+    assert Sweeper(s, CONFIG).retry_failed(limit=2) == {"retried": 2, "exhausted": 0, "waiting": 0, "skipped": 0}
     assert len(s.list_intents(state="failed")) == 1
 
 
 def test_an_intent_whose_last_attempt_failed_is_exhausted_not_retried():
     s = MemoryStore(clock=FakeClock())
     keys = failed(s, 2, max_attempts=1)  # one attempt made, one allowed
-    assert Sweeper(s, CONFIG).retry_failed() == {"retried": 0, "exhausted": 2, "skipped": 0}
+    assert Sweeper(s, CONFIG).retry_failed() == {"retried": 0, "exhausted": 2, "waiting": 0, "skipped": 0}
     assert [s.get(k).state for k in keys] == ["parked", "parked"]
 
 
 def test_an_intent_with_attempts_left_is_retried():
     s = MemoryStore(clock=FakeClock())
     (key,) = failed(s, 1, max_attempts=2)
-    assert Sweeper(s, CONFIG).retry_failed() == {"retried": 1, "exhausted": 0, "skipped": 0}
+    assert Sweeper(s, CONFIG).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
     assert s.get(key).state == "pending"
 
 
@@ -630,7 +630,7 @@ def test_every_refused_retry_is_counted_as_skipped():
         raise GuardRefused("retry", key, "lost_race", "failed")
 
     spy = Spy(base, retry=refuse)
-    assert Sweeper(spy, CONFIG).retry_failed() == {"retried": 0, "exhausted": 0, "skipped": 2}
+    assert Sweeper(spy, CONFIG).retry_failed() == {"retried": 0, "exhausted": 0, "waiting": 0, "skipped": 2}
     assert sorted(a for (a,) in spy.args("retry")) == sorted(keys)
 
 

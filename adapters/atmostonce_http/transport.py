@@ -46,6 +46,7 @@ from atmostonce.transport import (
     Unknown,
     Unsupported,
     WireRequest,
+    retry_after_seconds,
 )
 
 from ._pointer import pointer_get, pointer_set, split_pointer
@@ -466,7 +467,13 @@ class _HttpCore:
         c = self._table.for_status(
             response.status_code, has_id=remote_id is not None, may_exist_statuses=self.config.may_exist_statuses
         )
-        return self._result(c, f"HTTP {response.status_code}", remote_id, digest_bytes(response.content))
+        result = self._result(c, f"HTTP {response.status_code}", remote_id, digest_bytes(response.content))
+        if isinstance(result, NotSent) and "retry-after" in response.headers:
+            # the platform took nothing and asked for a pause (a 429, a 503): the retry waits at least that long
+            value = response.headers["retry-after"]
+            seconds = retry_after_seconds(value, response.headers.get("date"))
+            result = NotSent(f"{result.reason} Retry-After={value}", retry_after=seconds)
+        return result
 
     # ---------------------------------------------------------------- read back / lookup
     def _body_of(self, response: httpx.Response) -> Mapping[str, Any] | None:

@@ -84,6 +84,7 @@ from atmostonce.transport import (
     Sent,
     Unknown,
     WireRequest,
+    retry_after_seconds,
 )
 from atmostonce_http.classify import Classification, error_kind
 
@@ -552,12 +553,20 @@ class MatrixTransport:
         errcode = doc.get("errcode") if isinstance(doc.get("errcode"), str) else None
         c = self._table.for_response(response.status_code, errcode, has_id=event_id is not None)
         detail = f"HTTP {response.status_code}" + (f" {errcode}" if errcode else "")
+        retry_after = None
         if response.status_code == 429:
+            ms = doc.get("retry_after_ms")
             if "retry_after_ms" in doc:
-                detail += f" retry_after_ms={doc['retry_after_ms']}"
+                detail += f" retry_after_ms={ms}"
+                if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < float("inf"):
+                    retry_after = ms / 1000.0
             elif "retry-after" in response.headers:
                 detail += f" Retry-After={response.headers['retry-after']}"
-        return self._result(c, detail, event_id, digest_bytes(response.content))
+                retry_after = retry_after_seconds(response.headers["retry-after"], response.headers.get("date"))
+        result = self._result(c, detail, event_id, digest_bytes(response.content))
+        if retry_after is not None and isinstance(result, NotSent):  # the retry waits at least that long
+            result = NotSent(result.reason, retry_after=retry_after)
+        return result
 
     # ---------------------------------------------------------------- read back / lookup
     def _get(self, path: str, what: str, params: Mapping[str, str] | None = None) -> tuple[httpx.Response, dict]:

@@ -23,6 +23,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from atmostonce.names import EVENT
+
 from . import make_engine, normalize_url
 from .migrate import upgrade
 from .schema import approvals, claims, intents, rate_limits, text_claims
@@ -33,10 +35,16 @@ __all__ = ["PostgresDatabases", "SetClockStore", "SqliteDatabases", "age_leases"
 
 def age_leases(store: SqlStore, seconds: float) -> None:
     """Shift every lease deadline (intents, claims), approval deadline and text-window slot ``seconds`` into the past (the database clock
-    advancing, as far as any guard can tell). Append-only tables are not touched."""
+    advancing, as far as any guard can tell), and the time a failed intent failed (as far as the sweeper's retry
+    wait can tell: ``Sweeper.retry_failed``). Append-only tables are not touched."""
     c = intents.c
     t = text_claims.c
     with store.engine.begin() as conn:
+        conn.execute(
+            sa.update(intents)
+            .where(c.state.in_(store.table.event(EVENT.retry).sources))
+            .values(updated_at=c.updated_at - float(seconds))
+        )
         conn.execute(
             sa.update(intents)
             .where(c.lease_expires_at.is_not(None))

@@ -482,6 +482,7 @@ HISTORY_DETAIL = (
     "platform",
     "contract_version",
     "evidence",
+    "retry_after",
 )
 """Arguments of a move that its history row keeps as ``detail`` (the same in every store)."""
 

@@ -28,7 +28,15 @@ from .errors import SOURCE_STATE, GuardRefused, NotVerified, Rejected, Retractio
 from .identity import canonical_json, request_digest
 from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .protocols import IntakeStore, MaintenanceStore, OperatorStore, WorkerStore
-from .records import DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_RECONCILES, Intent, Lease, Submission, check_limit
+from .records import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_RECONCILES,
+    MAX_LEASE_SECONDS,
+    Intent,
+    Lease,
+    Submission,
+    check_limit,
+)
 from .store import RETRACTION_PREFIX, retraction_of
 from .table import table as default_table
 from .transport import Found, LookupResult, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
@@ -73,7 +81,11 @@ class RuntimeConfig:
     (default 0: at once, on the next reconciler pass). A lookup that fails (the platform errs, the answer
     cannot be read) writes nothing; the same intent is looked up again ``lookup_error_backoff`` seconds
     later, doubling with each failure in a row up to ``lookup_error_backoff_max``, so a platform that keeps
-    failing is not asked again on every pass."""
+    failing is not asked again on every pass. A failed intent (a proven not-sent) is re-queued
+    ``retry_backoff`` seconds after the move that failed it, doubling with each attempt already made up to
+    ``retry_backoff_max``, and not before the pause the platform asked for (``Retry-After``), up to
+    ``retry_after_max`` (:meth:`Sweeper.retry_failed`): a short outage or a rate limit does not spend the
+    attempts in a burst."""
 
     lease_seconds: float = 30.0
     send_lease_seconds: float = 60.0
@@ -84,6 +96,9 @@ class RuntimeConfig:
     first_look_after: float = 0.0
     lookup_error_backoff: float = 1.0
     lookup_error_backoff_max: float = 60.0
+    retry_backoff: float = 0.0
+    retry_backoff_max: float = 300.0
+    retry_after_max: float = 86_400.0
 
 
 _T = TypeVar("_T")
@@ -407,7 +422,7 @@ class Dispatcher:
         result = self._send(wire)
         self._point("after_send")
         if isinstance(result, (NotSent, Unknown)):
-            self._record(result.outcome, lease, reason=result.reason)
+            self._record(result.outcome, lease, **_unsent_args(result))
             return result.outcome
         assert isinstance(result, Sent), result
         kw: dict[str, Any] = {}
@@ -534,7 +549,7 @@ class Dispatcher:
         self._point("after_send")
         if isinstance(result, (NotSent, Unknown)):
             # the outcome table names the move that records it (send.not_sent -> record_not_sent, ...)
-            self._record(result.outcome, lease, reason=result.reason)
+            self._record(result.outcome, lease, **_unsent_args(result))
             return result.outcome
         assert isinstance(result, Sent), result
         self._record(result.outcome, lease, remote_id=result.remote_id, response_digest=result.response_digest)
@@ -594,6 +609,21 @@ class Dispatcher:
             raise
 
 
+def _unsent_args(result: NotSent | Unknown) -> dict[str, Any]:
+    """The arguments that record a send that took nothing or whose outcome is unknown: its reason, and for a
+    not-sent answer the pause the platform asked for (``NotSent.retry_after``). A pause that is not a finite
+    number of seconds from 0 to a year is left out (and logged): a bad hint must not keep a proven not-sent
+    from being recorded."""
+    kw: dict[str, Any] = {"reason": result.reason}
+    wait = getattr(result, "retry_after", None)
+    if isinstance(result, NotSent) and wait is not None:
+        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 <= wait <= MAX_LEASE_SECONDS:
+            kw["retry_after"] = wait
+        else:
+            log.warning("a not-sent answer asked for a pause of %r seconds, which is not usable: left out", wait)
+    return kw
+
+
 @dataclass
 class Sweeper:
     """Maintenance over expired leases and the retry policy. Safe to run twice at once:
@@ -601,6 +631,9 @@ class Sweeper:
 
     store: MaintenanceStore
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
+    _pages: dict[str, RoundRobin[Intent]] = field(default_factory=dict, init=False, repr=False)
+    _pauses: dict[str, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
+    """Failed intents' requested pauses: key -> (``updated_at`` of the failing move, seconds)."""
 
     def sweep_leases(self) -> dict[str, int]:
         """Returns counts: ``expired`` (to indeterminate), ``abandoned`` (pre-authorization), ``skipped``."""
@@ -624,17 +657,31 @@ class Sweeper:
         return out
 
     def retry_failed(self, limit: int | None = None) -> dict[str, int]:
-        """Re-queue up to ``limit`` (default ``retries_per_tick``) failed intents; park exhausted ones."""
+        """Re-queue up to ``limit`` (default ``retries_per_tick``) failed intents that are due; park exhausted ones.
+
+        A failed intent (a proven not-sent) is due ``config.retry_backoff`` seconds after the move that failed
+        it, doubling with each attempt already made, up to ``config.retry_backoff_max``; and not before the
+        pause its platform asked for (``Retry-After``, kept with the not-sent: :meth:`Operations.record_not_sent`),
+        up to ``config.retry_after_max``. Both are measured on the store's clock. The failed intents are
+        offered in turn (:class:`RoundRobin`), so ones that wait do not hold back the ones behind them.
+
+        Returns counts: ``retried``, ``exhausted`` (parked: no attempt left), ``waiting`` (not due yet),
+        ``skipped`` (the move was refused: someone else moved it first)."""
         budget = self.config.retries_per_tick if limit is None else limit
-        out = {"retried": 0, "exhausted": 0, "skipped": 0}
+        out = {"retried": 0, "exhausted": 0, "waiting": 0, "skipped": 0}
+        now: float | None = None
         # the states the table's retry event may leave (``failed``: the static checks refuse a table that lets an
         # unknown outcome be retried, docs/design.md#static-checks)
         for state in self.store.table.event(EVENT.retry).sources:
-            for it in self.store.list_intents(state=state, limit=budget):
+            for it in self._failed(state, budget):
                 if out["retried"] >= budget:
                     return out
                 try:
                     if it.attempt_count < it.max_attempts:
+                        now = self.store.now() if now is None else now
+                        if now < it.updated_at + self.retry_wait(it):
+                            out["waiting"] += 1
+                            continue
                         self.store.retry(it.key)
                         out["retried"] += 1
                     else:
@@ -642,7 +689,39 @@ class Sweeper:
                         out["exhausted"] += 1
                 except Rejected:
                     out["skipped"] += 1
+                self._pauses.pop(it.key, None)
         return out
+
+    def retry_wait(self, it: Intent) -> float:
+        """Seconds (store clock) after ``it.updated_at`` before the failed intent ``it`` is re-queued: the
+        backoff for the attempts it has made, or the pause its platform asked for when that is longer."""
+        c = self.config
+        backoff = min(c.retry_backoff_max, c.retry_backoff * 2.0 ** min(max(it.attempt_count - 1, 0), 60))
+        return max(backoff, min(c.retry_after_max, self._asked_pause(it)))
+
+    def _asked_pause(self, it: Intent) -> float:
+        """The pause the platform asked for when the send that failed ``it`` was refused (``retry_after`` in the
+        history row of the move that left it ``failed``), or 0. Read once per failing move (a store without
+        ``history`` has none)."""
+        seen = self._pauses.get(it.key)
+        if seen is not None and seen[0] == it.updated_at:
+            return seen[1]
+        history = getattr(self.store, "history", None)
+        rows = history(it.key) if history is not None else []
+        asked = rows[-1].detail.get("retry_after") if rows and rows[-1].to_state == it.state else None
+        pause = float(asked) if isinstance(asked, (int, float)) and not isinstance(asked, bool) else 0.0
+        if len(self._pauses) > 10_000:  # intents that left the failed state elsewhere (an operator's move)
+            self._pauses.clear()
+        self._pauses[it.key] = (it.updated_at, pause)
+        return pause
+
+    def _failed(self, state: str, limit: int) -> list[Intent]:
+        pages = self._pages.get(state)
+        if pages is None:
+            pages = self._pages[state] = RoundRobin(
+                lambda n, after: self.store.list_intents(state=state, limit=n, after=after), lambda it: it.key
+            )
+        return pages(limit)
 
     def expire_approvals(self) -> dict[str, int]:
         """Move approvals whose deadline passed (database clock) to ``expired`` (docs/design.md#approvals-and-per-target-dispatch-claims: expiry is a

@@ -72,7 +72,7 @@ class OutboxReport:
     ``dispatched``: dispatch outcomes that began or settled something, by :func:`outcome_name`;
     ``waited``: dispatches that began nothing (the table's ``waiting`` outcomes);
     ``swept``: the sweeper's counts summed (``expired``, ``abandoned``, ``retried``, ``exhausted``,
-    ``approvals_expired``, ``skipped``); ``reconciled``: the reconciler's outcomes summed (its ``deferred``
+    ``approvals_expired``, ``skipped``; its ``waiting`` retries left out); ``reconciled``: the reconciler's outcomes summed (its ``deferred``
     passes left out); ``errors``: failed polls and maintenance passes by where they failed (``poll``,
     ``sweep``, ``reconcile``), each waited out with backoff; ``seconds``: wall time of the last run or
     start..stop; ``idle``: the last :meth:`Outbox.run` ended because nothing was left to do (not at its
@@ -405,7 +405,12 @@ class Outbox:
                 continue
             self._failures[where] = 0
             self._next[where] = now + every
-            counts = {k: v for k, v in counts.items() if v and not (where == "reconcile" and k == "deferred")}
+            # passes that only waited (a lookup spaced, a retry not due yet) are left out: they repeat every pass
+            counts = {
+                k: v
+                for k, v in counts.items()
+                if v and (where, k) not in (("reconcile", "deferred"), ("sweep", "waiting"))
+            }
             with self._lock:
                 (self._report.swept if where == "sweep" else self._report.reconciled).update(counts)
         return ok

@@ -50,6 +50,7 @@ __all__ = [
     "Unsupported",
     "WireRequest",
     "cancelled_send",
+    "retry_after_seconds",
 ]
 
 
@@ -110,8 +111,42 @@ class Sent:
 
 @dataclass(frozen=True)
 class NotSent:
+    """The platform proved nothing was taken. ``retry_after``: the seconds it asked to be left alone before the
+    request comes again (an HTTP ``Retry-After``, Matrix's ``retry_after_ms``), or ``None``; the sweeper's
+    retry of the intent waits at least that long (:class:`~atmostonce.runtime.RuntimeConfig`)."""
+
     reason: str
     outcome: str = "send.not_sent"
+    retry_after: float | None = None
+
+
+def retry_after_seconds(value: str | None, date: str | None = None, now: float | None = None) -> float | None:
+    """The delay an HTTP ``Retry-After`` header asks for, in seconds (RFC 9110 section 10.2.3): a number of
+    seconds, or an HTTP-date, counted from the response's ``Date`` header when it has one (the platform's
+    clock on both sides, so the client's clock does not skew it) else from ``now`` (default: this machine's
+    clock). A date in the past is 0. Returns ``None`` for a missing or unreadable value."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(int(text))
+    from email.utils import parsedate_to_datetime
+
+    try:
+        until = parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    start = None
+    if date is not None:
+        try:
+            start = parsedate_to_datetime(date.strip()).timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            start = None
+    if start is None:
+        import time
+
+        start = time.time() if now is None else now
+    return max(0.0, until - start)
 
 
 @dataclass(frozen=True)

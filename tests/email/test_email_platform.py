@@ -96,7 +96,7 @@ def test_a_refusal_before_data_is_retried_and_lands_once(sqlite_store, relay, re
     relay.plan("refuse_mail")
     assert Dispatcher(sqlite_store, relayed).dispatch(it.key) == "send.not_sent"
     assert sqlite_store.get(it.key).state == FAILED
-    assert Sweeper(sqlite_store).retry_failed() == {"retried": 1, "exhausted": 0, "skipped": 0}
+    assert Sweeper(sqlite_store).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
     assert Dispatcher(sqlite_store, relayed).dispatch(it.key) == "read_back.match"
     assert [r.mode for r in relay.records] == ["refuse_mail", "pass"]
     assert [r.payload_forwarded for r in relay.records] == [False, True]

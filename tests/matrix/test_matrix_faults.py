@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from atmostonce.runtime import Dispatcher, Reconciler
+from atmostonce.runtime import Dispatcher, Reconciler, Sweeper
 from atmostonce_matrix import MatrixTransport
 from tests.matrix.conftest import CONFIG, DELAY, assert_at_most_once, settle
 
@@ -138,6 +138,10 @@ def test_rate_limited_send_is_not_sent_then_retried_under_the_same_txnid(
     assert db.store.get(limited.key).state == "failed"
     reason = last_reason(db, limited.key)
     assert "errcode:M_LIMIT_EXCEEDED" in reason and "HTTP 429" in reason and "retry_after_ms=" in reason
+    # the pause Synapse asked for is kept with the not-sent (whole seconds), and the retry waits for it
+    (row,) = [h for h in db.store.history(limited.key) if h.event == "record_not_sent"]
+    assert isinstance(row.detail["retry_after"], int) and row.detail["retry_after"] >= 1
+    assert Sweeper(db.store, CONFIG).retry_failed()["waiting"] == 1
     assert room_view.events() == []
     assert_at_most_once(db, room_view, [limited.key])
     synapse.override_ratelimit(admin.access_token, user.user_id, messages_per_second=0, burst_count=0)
