@@ -15,7 +15,7 @@ MUTMUT_SLICE_TESTS ?= tests/test_identity.py tests/test_identity_format.py tests
 MUTMUT  ?=
 
 
-.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench bench-ab matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-stale mutmut-slice wheel-check clean
+.PHONY: ha ha-ci console-screenshots differential-repeat demo test quick lint typecheck spec-check docs docs-check soak soak-worker bench bench-ab bench-vs matrix demo-matrix demo-json-server demo-email email model-check formal-tests mutation ablation mutation-slice mutmut mutmut-stale mutmut-slice wheel-check clean
 
 # the test stack (every extra): make test, quick and the rest
 $(STAMP): pyproject.toml
@@ -149,6 +149,10 @@ bench: $(STAMP) $(BENCH_VENV)/.installed
 bench-ab: $(STAMP)
 	$(BIN)/python tests/bench/ab_publish.py query
 	$(BIN)/python tests/bench/ab_publish.py chain
+
+## this working tree against a git revision (BASE=rev), each in its own process, taking turns (tests/bench/ab_versions.py)
+bench-vs: $(STAMP)
+	$(BIN)/python tests/bench/ab_versions.py $(BASE)
 
 ## the Matrix transport against a real local Synapse, and the demo on it
 matrix: $(STAMP)
