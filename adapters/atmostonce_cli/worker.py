@@ -136,7 +136,13 @@ def load_worker_config(path: str) -> WorkerConfig:
         if name not in RUNTIME_FIELDS:
             raise _bad(path, f"runtime.{name}", f"unknown field; known: {', '.join(RUNTIME_FIELDS)}")
         whole = isinstance(RuntimeConfig.__dataclass_fields__[name].default, int)
-        zero = name in ("first_look_after", "reconcile_interval")
+        zero = name in (
+            "first_look_after",
+            "reconcile_interval",
+            "retry_backoff",
+            "retry_backoff_max",
+            "retry_after_max",
+        )
         _positive(path, f"runtime.{name}", v, whole=whole, zero=zero)
     kw["runtime"] = dict(runtime)
     kw["platform_overrides"] = dict(raw.get("platform_overrides", {}))

@@ -472,7 +472,7 @@ class _HttpCore:
             # the platform took nothing and asked for a pause (a 429, a 503): the retry waits at least that long
             value = response.headers["retry-after"]
             seconds = retry_after_seconds(value, response.headers.get("date"))
-            result = NotSent(f"{result.reason} Retry-After={value}", retry_after=seconds)
+            result = NotSent(f"{result.reason} Retry-After={value[:64]}", retry_after=seconds)
         return result
 
     # ---------------------------------------------------------------- read back / lookup

@@ -557,11 +557,15 @@ class MatrixTransport:
         if response.status_code == 429:
             ms = doc.get("retry_after_ms")
             if "retry_after_ms" in doc:
-                detail += f" retry_after_ms={ms}"
-                if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < float("inf"):
-                    retry_after = ms / 1000.0
-            elif "retry-after" in response.headers:
-                detail += f" Retry-After={response.headers['retry-after']}"
+                detail += f" retry_after_ms={str(ms)[:64]}"
+                if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms >= 0:  # NaN is not >= 0
+                    try:
+                        retry_after = float(ms) / 1000.0
+                    except OverflowError:  # an integer beyond a float: a pause of ever
+                        retry_after = float("inf")
+            if retry_after is None and "retry-after" in response.headers:
+                if "retry_after_ms" not in doc:
+                    detail += f" Retry-After={response.headers['retry-after'][:64]}"
                 retry_after = retry_after_seconds(response.headers["retry-after"], response.headers.get("date"))
         result = self._result(c, detail, event_id, digest_bytes(response.content))
         if retry_after is not None and isinstance(result, NotSent):  # the retry waits at least that long

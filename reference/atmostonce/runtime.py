@@ -612,13 +612,13 @@ class Dispatcher:
 def _unsent_args(result: NotSent | Unknown) -> dict[str, Any]:
     """The arguments that record a send that took nothing or whose outcome is unknown: its reason, and for a
     not-sent answer the pause the platform asked for (``NotSent.retry_after``). A pause that is not a finite
-    number of seconds from 0 to a year is left out (and logged): a bad hint must not keep a proven not-sent
-    from being recorded."""
+    number of seconds is left out (and logged): a bad hint must not keep a proven not-sent from being recorded.
+    One longer than a year is kept as a year (then held to ``RuntimeConfig.retry_after_max``)."""
     kw: dict[str, Any] = {"reason": result.reason}
     wait = getattr(result, "retry_after", None)
     if isinstance(result, NotSent) and wait is not None:
-        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 <= wait <= MAX_LEASE_SECONDS:
-            kw["retry_after"] = wait
+        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait >= 0:  # NaN is not >= 0
+            kw["retry_after"] = min(wait, MAX_LEASE_SECONDS)  # a longer pause is held to the longest one kept
         else:
             log.warning("a not-sent answer asked for a pause of %r seconds, which is not usable: left out", wait)
     return kw
@@ -632,8 +632,10 @@ class Sweeper:
     store: MaintenanceStore
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
     _pages: dict[str, RoundRobin[Intent]] = field(default_factory=dict, init=False, repr=False)
-    _pauses: dict[str, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
-    """Failed intents' requested pauses: key -> (``updated_at`` of the failing move, seconds)."""
+    _pauses: dict[str, tuple[tuple[float, int, int | None], float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    """Failed intents' requested pauses: key -> ((``updated_at``, attempts, generation) of the failing move, seconds)."""
 
     def sweep_leases(self) -> dict[str, int]:
         """Returns counts: ``expired`` (to indeterminate), ``abandoned`` (pre-authorization), ``skipped``."""
@@ -679,7 +681,8 @@ class Sweeper:
                 try:
                     if it.attempt_count < it.max_attempts:
                         now = self.store.now() if now is None else now
-                        if now < it.updated_at + self.retry_wait(it):
+                        wait = self.retry_wait(it)
+                        if wait > 0 and now < it.updated_at + wait:
                             out["waiting"] += 1
                             continue
                         self.store.retry(it.key)
@@ -704,7 +707,7 @@ class Sweeper:
         history row of the move that left it ``failed``), or 0. Read once per failing move (a store without
         ``history`` has none)."""
         seen = self._pauses.get(it.key)
-        if seen is not None and seen[0] == it.updated_at:
+        if seen is not None and seen[0] == (it.updated_at, it.attempt_count, it.generation):
             return seen[1]
         history = getattr(self.store, "history", None)
         rows = history(it.key) if history is not None else []
@@ -712,7 +715,7 @@ class Sweeper:
         pause = float(asked) if isinstance(asked, (int, float)) and not isinstance(asked, bool) else 0.0
         if len(self._pauses) > 10_000:  # intents that left the failed state elsewhere (an operator's move)
             self._pauses.clear()
-        self._pauses[it.key] = (it.updated_at, pause)
+        self._pauses[it.key] = ((it.updated_at, it.attempt_count, it.generation), pause)
         return pause
 
     def _failed(self, state: str, limit: int) -> list[Intent]:

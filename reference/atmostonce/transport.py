@@ -122,31 +122,41 @@ class NotSent:
 
 def retry_after_seconds(value: str | None, date: str | None = None, now: float | None = None) -> float | None:
     """The delay an HTTP ``Retry-After`` header asks for, in seconds (RFC 9110 section 10.2.3): a number of
-    seconds, or an HTTP-date, counted from the response's ``Date`` header when it has one (the platform's
-    clock on both sides, so the client's clock does not skew it) else from ``now`` (default: this machine's
-    clock). A date in the past is 0. Returns ``None`` for a missing or unreadable value."""
+    seconds (ASCII digits; one too large for a float is ``inf``), or an HTTP-date (read as GMT whatever zone it
+    names, as HTTP dates are), counted from the response's ``Date`` header when it has one (the platform's clock
+    on both sides, so the client's clock does not skew it) else from ``now`` (default: this machine's clock). A
+    date in the past is 0. Returns ``None`` for a missing or unreadable value; never raises."""
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
-        return float(int(text))
-    from email.utils import parsedate_to_datetime
-
-    try:
-        until = parsedate_to_datetime(text).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    start = None
-    if date is not None:
+    if text.isascii() and text.isdigit():
         try:
-            start = parsedate_to_datetime(date.strip()).timestamp()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            start = None
+            return float(int(text))
+        except (ValueError, OverflowError):  # more digits than int() reads, or beyond a float: a pause of ever
+            return float("inf")
+    until = _http_date(text)
+    if until is None:
+        return None
+    start = _http_date(date.strip()) if date is not None else None
     if start is None:
         import time
 
         start = time.time() if now is None else now
     return max(0.0, until - start)
+
+
+def _http_date(text: str) -> float | None:
+    """An HTTP-date (IMF-fixdate, RFC 850 or asctime) as a POSIX time, read as GMT; ``None`` if unreadable."""
+    import datetime
+    from email.utils import parsedate_to_datetime
+
+    try:
+        at = parsedate_to_datetime(text)
+        if at.tzinfo is None:  # asctime and "-0000" carry no zone: HTTP dates are GMT (RFC 9110 section 5.6.7)
+            at = at.replace(tzinfo=datetime.UTC)
+        return at.timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):
+        return None
 
 
 @dataclass(frozen=True)
