@@ -46,6 +46,14 @@ def _sql_store(dbs):
 
 
 @pytest.fixture
+def pg_url(pg_databases):
+    """The URL of a fresh PostgreSQL database built from migration 1 (dropped after the test)."""
+    url = pg_databases.fresh()
+    yield url
+    pg_databases.drop(url)
+
+
+@pytest.fixture
 def pg_store(pg_databases):
     store, url = _sql_store(pg_databases)
     yield store

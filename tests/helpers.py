@@ -83,3 +83,39 @@ def empty_database_url(request, dialect, tmp_path):
     with dbs.admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
     return dbs.url(name), lambda: dbs.drop(dbs.url(name))
+
+
+@contextlib.contextmanager
+def http_platform(handler: type, **state: Any) -> Iterator[Any]:
+    """A fake platform on a real socket: ``handler`` (an ``http.server.BaseHTTPRequestHandler``) served by a
+    ``ThreadingHTTPServer`` on 127.0.0.1 (a free port) in a thread. ``state`` is set on the server (a handler
+    reads it as ``self.server.<name>``), with a ``lock`` beside it. Yields the server; shuts it down after."""
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.lock = threading.Lock()  # type: ignore[attr-defined]
+    for name, value in state.items():
+        setattr(srv, name, value)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def answer_json(handler: Any, status: int, data: bytes, raw_headers: Any = ()) -> None:
+    """Write an HTTP answer from a ``BaseHTTPRequestHandler``: ``status``, each ``(name, value)`` of
+    ``raw_headers`` as given (UTF-8 for text: http.server itself would refuse non-Latin-1 text), a JSON
+    content type and ``data`` as the body."""
+    handler.send_response(status)
+    for name, value in raw_headers:
+        handler._headers_buffer.append(
+            name.encode() + b": " + (value if isinstance(value, bytes) else value.encode("utf-8")) + b"\r\n"
+        )
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

@@ -28,6 +28,7 @@ from atmostonce.identity import IdentityError, canonical_json, delivery_key
 from atmostonce.records import Intent
 from atmostonce.runtime import Dispatcher
 from tests.test_fused_dispatch import CONFIG, Platform, _dsn
+from tests.test_prepared_statements_adversarial import _open
 
 # -- canonical_json: the bytes (or the IdentityError) of the rfc8785 path it replaced ------------------------------
 
@@ -247,19 +248,6 @@ def test_canonical_json_of_a_circular_value_is_too_deep_on_both_paths():
 
 
 # -- PostgreSQL: the statement encoder, the cached Transformer, the record, the context manager --------------------
-
-
-@pytest.fixture
-def pg_url(pg_databases):
-    url = pg_databases.fresh()
-    yield url
-    pg_databases.drop(url)
-
-
-def _open(url, pool_size=1):
-    from atmostonce_sql import open_store
-
-    return open_store(url, migrate=False, pool_size=pool_size)
 
 
 def _database_setting(url, setting, value):

@@ -27,13 +27,6 @@ pytestmark = pytest.mark.postgres
 PUBLISHED = ["submit", "begin", "authorize_dispatch", "record_success", "confirm_read_back"]
 
 
-@pytest.fixture
-def pg_url(pg_databases):
-    url = pg_databases.fresh()
-    yield url
-    pg_databases.drop(url)
-
-
 def _open(url, pool_size=1):
     from atmostonce_sql import open_store
 

@@ -22,13 +22,6 @@ AUTHORIZED = ["submit", "begin", "authorize_dispatch"]
 PUBLISHED = [*AUTHORIZED, "record_success", "confirm_read_back"]
 
 
-@pytest.fixture
-def pg_url(pg_databases):
-    url = pg_databases.fresh()
-    yield url
-    pg_databases.drop(url)
-
-
 def _open(url, **kw):
     from atmostonce_sql import open_store
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 from email.utils import formatdate
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from atmostonce.errors import IntakeCode, IntakeError
 from atmostonce.runtime import Dispatcher, RuntimeConfig, Sweeper
 from atmostonce.transport import NotSent, retry_after_seconds
-from tests.helpers import begin_authorize, submit
+from tests.helpers import answer_json, begin_authorize, http_platform, submit
 
 SPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=60)
 UNSPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
@@ -193,14 +192,7 @@ class _RateLimited(http.server.BaseHTTPRequestHandler):
         self._answer(200, {"id": ident, **found}) if found is not None else self._answer(404, {})
 
     def _answer(self, status, doc, headers=None):
-        data = json.dumps(doc).encode()
-        self.send_response(status)
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        answer_json(self, status, json.dumps(doc).encode(), (headers or {}).items())
 
     def log_message(self, *args):
         pass
@@ -208,13 +200,8 @@ class _RateLimited(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def rate_limited():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RateLimited)
-    srv.lock, srv.creates, srv.refusals, srv.posts, srv.retry_after = threading.Lock(), 0, 1, [], "45"
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with http_platform(_RateLimited, creates=0, refusals=1, posts=[], retry_after="45") as srv:
+        yield srv
 
 
 def test_a_429_with_retry_after_on_a_real_socket_is_not_sent_and_retried_once_after_the_pause(sql_store, rate_limited):

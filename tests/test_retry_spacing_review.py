@@ -22,17 +22,12 @@ from atmostonce.records import MAX_LEASE_SECONDS
 from atmostonce.runtime import Dispatcher, RuntimeConfig, Sweeper
 from atmostonce.testing.stateful import FakeClock
 from atmostonce.transport import Capabilities, NotSent, WireRequest, retry_after_seconds
-from tests.helpers import begin_authorize, run_cli, submit
+from tests.helpers import answer_json, begin_authorize, http_platform, run_cli, submit
 
 UNSPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
 
 
 # ---------------------------------------------------------------- fake platforms on real sockets
-def _raw_header(name: str, value: str | bytes) -> bytes:
-    """A header line as raw bytes: UTF-8 for text (http.server would refuse non-Latin-1 text)."""
-    return name.encode() + b": " + (value if isinstance(value, bytes) else value.encode("utf-8")) + b"\r\n"
-
-
 class _Refuses429(http.server.BaseHTTPRequestHandler):
     """A REST platform that refuses every create with 429 and the configured raw headers (stores nothing)."""
 
@@ -41,14 +36,7 @@ class _Refuses429(http.server.BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers["content-length"]))
         with srv.lock:
             srv.creates += 1
-        data = b'{"error": "slow down"}'
-        self.send_response(429)
-        for name, value in srv.headers_out:
-            self._headers_buffer.append(_raw_header(name, value))
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        answer_json(self, 429, b'{"error": "slow down"}', srv.headers_out)
 
     def log_message(self, *args):
         pass
@@ -56,13 +44,8 @@ class _Refuses429(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def refusing():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refuses429)
-    srv.lock, srv.creates, srv.headers_out = threading.Lock(), 0, []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with http_platform(_Refuses429, creates=0, headers_out=[]) as srv:
+        yield srv
 
 
 def _http_config(srv):
@@ -101,13 +84,7 @@ class _Homeserver(http.server.BaseHTTPRequestHandler):
         self._answer(429, self.server.body, self.server.headers_out)
 
     def _answer(self, status, data, headers=()):
-        self.send_response(status)
-        for name, value in headers:
-            self._headers_buffer.append(_raw_header(name, value))
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        answer_json(self, status, data, headers)
 
     def log_message(self, *args):
         pass
@@ -115,13 +92,8 @@ class _Homeserver(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def homeserver():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Homeserver)
-    srv.body, srv.headers_out = b"{}", []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with http_platform(_Homeserver, body=b"{}", headers_out=[]) as srv:
+        yield srv
 
 
 def _matrix(srv, tmp_path):
