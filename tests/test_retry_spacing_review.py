@@ -181,6 +181,18 @@ def test_a_429_with_a_retry_after_header_too_long_for_a_reason_is_still_recorded
     assert (outcome, store.get(key).state) == ("send.not_sent", "failed")
 
 
+def _matrix_dispatch(homeserver, tmp_path):
+    """One fresh intent on a model store dispatched through the Matrix transport to ``homeserver``: (store, key,
+    outcome or the escaping exception's type name)."""
+    store = MemoryStore(clock=FakeClock())
+    transport = _matrix(homeserver, tmp_path)
+    try:
+        key, outcome = _dispatch_once(store, transport)
+    finally:
+        transport.close()
+    return store, key, outcome
+
+
 @pytest.mark.parametrize(
     ("body", "headers"),
     [
@@ -195,12 +207,7 @@ def test_a_matrix_429_with_an_unusable_pause_is_still_recorded_as_not_sent(homes
     of 10**400 passes the ``0 <= ms < inf`` check and overflows in ``ms / 1000.0``; a Retry-After of ``²``
     raises in ``retry_after_seconds``. Either way the 429 (M_LIMIT_EXCEEDED: not sent) is lost."""
     homeserver.body, homeserver.headers_out = body, headers
-    store = MemoryStore(clock=FakeClock())
-    transport = _matrix(homeserver, tmp_path)
-    try:
-        key, outcome = _dispatch_once(store, transport)
-    finally:
-        transport.close()
+    store, key, outcome = _matrix_dispatch(homeserver, tmp_path)
     assert (outcome, store.get(key).state) == ("send.not_sent", "failed")
 
 
@@ -256,12 +263,7 @@ def test_a_matrix_429_whose_retry_after_ms_is_unusable_still_waits_for_its_retry
     is: the header is only read when the body has no ``retry_after_ms`` at all, so no pause is kept."""
     homeserver.body = b'{"errcode": "M_LIMIT_EXCEEDED", "retry_after_ms": "5000"}'
     homeserver.headers_out = [("Retry-After", "5")]
-    store = MemoryStore(clock=FakeClock())
-    transport = _matrix(homeserver, tmp_path)
-    try:
-        key, outcome = _dispatch_once(store, transport)
-    finally:
-        transport.close()
+    store, key, outcome = _matrix_dispatch(homeserver, tmp_path)
     assert outcome == "send.not_sent"
     (row,) = [h for h in store.history(key) if h.event == "record_not_sent"]
     assert row.detail.get("retry_after") == 5
