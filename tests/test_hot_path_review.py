@@ -1,4 +1,5 @@
-"""Adversarial review of the hot-path changes since 3b5a8e9: ``canonical_json``'s C-encoder fast path, the
+"""Adversarial review of the hot-path changes since 3b5a8e9: the intake's C-encoder canonical JSON
+(``atmostonce.canonical.canonical_bytes``, first written as a fast path of ``canonical_json``), the
 statement binder and encoder fast paths, the per-connection cached ``Transformer`` of ``Executor._query``,
 ``SqlStore._intent`` filling the frozen record directly, and the stores as context managers.
 
@@ -23,8 +24,9 @@ import rfc8785
 import sqlalchemy as sa
 
 from atmostonce import identity
+from atmostonce.canonical import canonical_bytes
 from atmostonce.errors import IdentityCode
-from atmostonce.identity import IdentityError, canonical_json, delivery_key
+from atmostonce.identity import IdentityError, delivery_key
 from atmostonce.records import Intent
 from atmostonce.runtime import Dispatcher
 from tests.test_fused_dispatch import CONFIG, Platform, _dsn
@@ -133,7 +135,7 @@ ODD_VALUES = {
 
 
 @pytest.mark.parametrize("case", list(ODD_VALUES))
-def test_canonical_json_of_an_odd_value_is_what_the_rfc8785_path_gave(case):
+def test_canonical_bytes_of_an_odd_value_is_what_the_rfc8785_path_gave(case):
     """Values the fast path's ``_plain`` calls plain but the C encoder reads differently from rfc8785: key order
     by the key type's own ``<`` (rfc8785: UTF-16 code units), the items list sorted as (key, value) tuples
     (values compared when keys are equal), ``items()`` written as given instead of through a dict, ``__class__``
@@ -150,7 +152,7 @@ def test_canonical_json_of_an_odd_value_is_what_the_rfc8785_path_gave(case):
         value = _mock_dict()
     elif value == "proxy":
         value = StrProxy()
-    assert _outcome(canonical_json, value) == _outcome(_rfc8785_path, value)
+    assert _outcome(canonical_bytes, value) == _outcome(_rfc8785_path, value)
 
 
 def test_a_delivery_key_with_str_subclass_keys_is_the_one_the_rfc8785_path_hashed():
@@ -163,10 +165,10 @@ def test_a_delivery_key_with_str_subclass_keys_is_the_one_the_rfc8785_path_hashe
     assert delivery_key("acct", "post", "room", request) == before
 
 
-def test_canonical_json_never_writes_an_object_with_a_repeated_key():
+def test_canonical_bytes_never_writes_an_object_with_a_repeated_key():
     """RFC 8785 objects have unique keys (I-JSON); a dict subclass whose ``items()`` repeats a key was
     collapsed by the old path into the one dict entry."""
-    raw = canonical_json({"outer": RepeatingItems(a=1)})
+    raw = canonical_bytes({"outer": RepeatingItems(a=1)})
 
     def unique(pairs):
         keys = [k for k, _ in pairs]
@@ -191,15 +193,16 @@ def _nested_list(depth):
 
 
 @pytest.mark.parametrize("shape", [_nested_dict, _nested_list], ids=["dicts", "lists"])
-def test_canonical_json_refuses_exactly_the_depths_the_rfc8785_path_refused(shape):
-    """Nesting up to and past the recursion limit, each depth at the same call depth on both paths: every depth
-    gives the old path's bytes or its IdentityError (TOO_DEEP or NOT_CANONICAL). BUG (dicts): at the last
-    depth or two before the limit the old path ran out of stack inside rfc8785 (NOT_CANONICAL) while the fast
-    path (one Python frame per level, then the C encoder) returns bytes."""
+def test_canonical_bytes_refuses_exactly_the_depths_the_rfc8785_path_refused(shape):
+    """Nesting up to and past the recursion limit, each depth at the same call depth on both paths (the checked
+    path is reached through one call, as ``canonical_bytes`` reaches it): every depth gives the checked path's
+    bytes or its IdentityError (TOO_DEEP or NOT_CANONICAL). The review found (dicts) that at the last depth or
+    two before the limit the checked path ran out of stack inside rfc8785 (NOT_CANONICAL) while the fast path
+    (one Python frame per level, then the C encoder) returned bytes; deep values now take the checked path."""
     differ = []
     for depth in range(1, sys.getrecursionlimit() + 20):
         value = shape(depth)
-        new, old = _outcome(canonical_json, value), _outcome(_rfc8785_path, value)
+        new, old = _outcome(canonical_bytes, value), _outcome(lambda v: _rfc8785_path(v), value)
         if new != old:
             differ.append((depth, new[0], old[0] if old[0] == "bytes" else old[1]))
     assert differ == []
@@ -231,17 +234,17 @@ HELD = {
 
 
 @pytest.mark.parametrize("case", list(HELD))
-def test_canonical_json_of_a_value_that_held_is_what_the_rfc8785_path_gave(case):
+def test_canonical_bytes_of_a_value_that_held_is_what_the_rfc8785_path_gave(case):
     """What held in review: the fast path gives the old bytes or the same IdentityError code and field."""
     value = HELD[case]
-    assert _outcome(canonical_json, value) == _outcome(_rfc8785_path, value)
+    assert _outcome(canonical_bytes, value) == _outcome(_rfc8785_path, value)
 
 
-def test_canonical_json_of_a_circular_value_is_too_deep_on_both_paths():
+def test_canonical_bytes_of_a_circular_value_is_too_deep_on_both_paths():
     loop: list = []
     loop.append({"again": loop})
     assert (
-        _outcome(canonical_json, loop)
+        _outcome(canonical_bytes, loop)
         == _outcome(_rfc8785_path, loop)
         == ("IdentityError", IdentityCode.TOO_DEEP, None)
     )

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import atmostonce.identity as ident
+from atmostonce.canonical import canonical_bytes
 from atmostonce.errors import IdentityCode
 from atmostonce.identity import (
     IdentityError,
@@ -227,12 +228,25 @@ _JSON = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(_JSON)
-def test_canonical_json_writes_the_bytes_rfc8785_writes(value):
-    # the common case goes through the json module's encoder; whatever it takes, the bytes are RFC 8785's
-    # (keys beyond the Basic Multilingual Plane sort by UTF-16 unit, floats are written as ECMAScript does)
-    assert canonical_json(value) == rfc8785.dumps(value)
+def test_the_intakes_canonical_bytes_are_the_bytes_rfc8785_writes(value):
+    # the intake's encoder writes the common case with the json module's C encoder; whatever it takes, the bytes
+    # are RFC 8785's and canonical_json's (keys beyond the Basic Multilingual Plane sort by UTF-16 unit, floats
+    # are written as ECMAScript does)
+    assert canonical_bytes(value) == rfc8785.dumps(value) == canonical_json(value)
 
 
 def test_keys_outside_the_basic_plane_sort_by_utf16_unit():
     value = {"\U0001f600": 1, "\uff01": 2}  # by code point U+FF01 sorts first; by UTF-16 unit, the emoji does
-    assert canonical_json(value) == rfc8785.dumps(value) == '{"\U0001f600":1,"\uff01":2}'.encode()
+    assert canonical_bytes(value) == rfc8785.dumps(value) == '{"\U0001f600":1,"\uff01":2}'.encode()
+
+
+def test_a_value_nested_deeper_than_the_fast_path_goes_is_written_and_refused_as_rfc8785_would():
+    # the C encoder writes only values it has checked down to the bottom; below its depth the checked path writes
+    # (a float there is written as ECMAScript does) or refuses (a set there has no JSON form), as before
+    deep_float, deep_set = 1e16, {1}
+    for _ in range(70):
+        deep_float, deep_set = [deep_float], [deep_set]
+    assert canonical_bytes(deep_float) == rfc8785.dumps(deep_float)
+    with pytest.raises(IdentityError) as e:
+        canonical_bytes(deep_set)
+    assert e.value.code == IdentityCode.NOT_JSON

@@ -173,53 +173,12 @@ def _canonical_value(v: Any, path: str) -> Any:
     raise IdentityError(f"{path}: {type(v).__name__} is not JSON-serializable", code=IdentityCode.NOT_JSON, field=path)
 
 
-_JCS_INT = 2**53 - 1  # RFC 8785 writes numbers as IEEE doubles: larger integers have no exact form
-_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False).encode
-
-
-_PLAIN_DEPTH = 64  # deeper values take the checked path, which names a value too deep exactly as before
-
-
-def _plain(v: Any, depth: int = 0) -> bool:
-    """Whether ``v`` is JSON whose RFC 8785 form is what :mod:`json`'s encoder writes with sorted keys, no
-    spaces and no ASCII escaping: objects (exactly ``dict``) with keys of exactly ``str`` inside the Basic
-    Multilingual Plane (where sorting by code point and by UTF-16 unit agree), arrays (``list``, ``tuple``),
-    strings (exactly ``str``) without NUL, booleans, ``None`` and integers (exactly ``int``) of at most 53 bits,
-    nested at most :data:`_PLAIN_DEPTH` deep. Subclasses are not plain: their own ordering, items or conversions
-    are what the checked path reads. Floats are not plain: RFC 8785 writes them as ECMAScript does, not as
-    :func:`repr`."""
-    t = type(v)
-    if t is str:
-        return "\x00" not in v
-    if v is None or t is bool:
-        return True
-    if t is int:
-        return bool(-_JCS_INT <= v <= _JCS_INT)
-    if depth >= _PLAIN_DEPTH:
-        return False
-    if t is dict:
-        for k, x in v.items():
-            if type(k) is not str or "\x00" in k or (not k.isascii() and max(k) > "\uffff"):
-                return False
-            if not _plain(x, depth + 1):
-                return False
-        return True
-    if t is list or t is tuple:
-        return all(_plain(x, depth + 1) for x in v)
-    return False
-
-
 def canonical_json(value: Any) -> bytes:
     """RFC 8785 (JCS) canonical JSON bytes of ``value``.
 
     Raises :class:`IdentityError` for NaN, infinities, non-string keys,
     non-JSON types, NUL bytes and lone surrogates.
     """
-    try:
-        if _plain(value):  # the common case, by the C encoder: the same bytes (tests/test_identity_format.py)
-            return _ENCODE(value).encode("utf-8")
-    except (UnicodeEncodeError, RecursionError):
-        pass  # a lone surrogate, or a caller already deep in its stack: the checks below name it
     try:
         checked = _canonical_value(value, "$")
     except RecursionError as exc:

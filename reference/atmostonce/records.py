@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import identity
+from .canonical import canonical_bytes
 from .errors import IntakeCode, IntakeError
 from .identity import (
     NORMALIZER_VERSION,
     DeliveryKey,
     IdentityError,
-    canonical_json,
     delivery_key,
     digest_bytes,
     load_canonical,
@@ -432,7 +432,7 @@ def prepare_submission(
         )
     _reject_datetimes(request, "request")
     try:
-        raw = canonical_json(dict(request))
+        raw = canonical_bytes(dict(request))
         key = delivery_key(account, action_kind, target, dict(request))
     except IdentityError as exc:
         raise IntakeError(str(exc), field="request", code=IntakeCode.NOT_CANONICAL) from exc
@@ -561,7 +561,7 @@ def check_json_object(name: str, v: Any, *, max_bytes: int = MAX_DETAIL_BYTES) -
         )
     _reject_datetimes(v, name)
     try:
-        raw = canonical_json(dict(v))
+        raw = canonical_bytes(dict(v))
     except IdentityError as exc:
         raise IntakeError(f"{name}: {exc}", field=name, code=IntakeCode.NOT_CANONICAL) from exc
     if len(raw) > max_bytes:
