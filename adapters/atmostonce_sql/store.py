@@ -131,6 +131,15 @@ _MOVE_VALUES = ("key", "lease_seconds", "descriptor", "remote_id", "actor", "det
 """What a move's statement reads besides the guards' :data:`PARAMS` (:meth:`SqlStore._params`)."""
 _PREFIXED: dict[str, dict[str, str]] = {}
 """Each parameter's name under a prefix (``p_``; ``p2_``, a fused statement's second move)."""
+
+
+def _prefixed(prefix: str) -> dict[str, str]:
+    names = _PREFIXED.get(prefix)
+    if names is None:
+        names = _PREFIXED[prefix] = {n: prefix + n for n in (*PARAMS, *_MOVE_VALUES)}
+    return names
+
+
 assert not hasattr(Intent, "__post_init__") and not hasattr(Intent, "__slots__"), "SqlStore._intent fills __dict__"
 
 
@@ -410,11 +419,15 @@ class SqlStore(SqlClaims, Operations):
         return self._intent(inserted), moved
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
-    def _guard_values(self, key: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    def _guard_values(self, key: str, args: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         """What the guard fragments read besides the row: the presented arguments (``PARAMS``), the key,
-        the store's default text window (unprefixed names)."""
-        values: dict[str, Any] = {name: args.get(name) for name in PARAMS}
-        values.update(fenced=args.get("fenced") is True, key=key, text_window=self.default_text_window_seconds)
+        the store's default text window; each name ``prefix`` + its own (unprefixed by default)."""
+        names = _prefixed(prefix)
+        get = args.get
+        values = {names[n]: get(n) for n in PARAMS}
+        values[names["fenced"]] = get("fenced") is True
+        values[names["key"]] = key
+        values[names["text_window"]] = self.default_text_window_seconds
         return values
 
     def _params(
@@ -424,15 +437,10 @@ class SqlStore(SqlClaims, Operations):
         transaction, where SQLite draws the generation; ``None`` on PostgreSQL, whose statement draws it from its
         sequence): the guards' values (:meth:`_guard_values`), the lease, the descriptor, the remote id, the
         actor and the history detail, and a move that opens an attempt its new token."""
-        names = _PREFIXED.get(prefix)
-        if names is None:
-            names = _PREFIXED[prefix] = {n: prefix + n for n in (*PARAMS, *_MOVE_VALUES)}
+        names = _prefixed(prefix)
         get = args.get
-        params = {names[n]: get(n) for n in PARAMS}
         operator = get("operator")
-        params[names["fenced"]] = get("fenced") is True
-        params[names["key"]] = key
-        params[names["text_window"]] = self.default_text_window_seconds
+        params = self._guard_values(key, args, prefix)
         params[names["lease_seconds"]] = float(get("lease_seconds") or 0.0)
         params[names["descriptor"]] = dict(get("descriptor") or {})
         params[names["remote_id"]] = get("remote_id")

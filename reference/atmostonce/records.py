@@ -51,6 +51,7 @@ __all__ = [
     "person_name",
     "prepare_submission",
     "validate_lease_seconds",
+    "check_retry_after",
 ]
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20  # 1 MiB of canonical JSON
@@ -517,6 +518,26 @@ def validate_lease_seconds(name: str, seconds: Any) -> float:
             limit=MAX_LEASE_SECONDS,
         )
     return value
+
+
+def check_retry_after(v: Any) -> int:
+    """A platform's requested pause (``retry_after``, seconds) as whole seconds, rounded up: what a not-sent's
+    history row keeps. Raises :class:`IntakeError` (field ``retry_after``) unless ``v`` is a finite number from
+    0 to :data:`MAX_LEASE_SECONDS`."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise IntakeError(
+            f"retry_after must be a number of seconds, got {type(v).__name__}",
+            field="retry_after",
+            code=IntakeCode.NOT_NUMBER,
+        )
+    if not 0 <= v <= MAX_LEASE_SECONDS:  # NaN fails both comparisons
+        raise IntakeError(
+            f"retry_after must be from 0 to {MAX_LEASE_SECONDS:g} seconds, got {v!r}",
+            field="retry_after",
+            code=IntakeCode.OUT_OF_RANGE,
+            limit=0 if not v >= 0 else MAX_LEASE_SECONDS,
+        )
+    return math.ceil(v)
 
 
 def check_text(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from . import observe
-from .errors import SOURCE_STATE, GuardRefused, NotVerified, Rejected, RetractionUnsupported
+from .errors import SOURCE_STATE, GuardRefused, IntakeError, NotVerified, Rejected, RetractionUnsupported
 from .identity import canonical_json, request_digest
 from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .protocols import IntakeStore, MaintenanceStore, OperatorStore, WorkerStore
@@ -36,6 +36,7 @@ from .records import (
     Lease,
     Submission,
     check_limit,
+    check_retry_after,
 )
 from .store import RETRACTION_PREFIX, retraction_of
 from .table import table as default_table
@@ -617,9 +618,9 @@ def _unsent_args(result: NotSent | Unknown) -> dict[str, Any]:
     kw: dict[str, Any] = {"reason": result.reason}
     wait = getattr(result, "retry_after", None)
     if isinstance(result, NotSent) and wait is not None:
-        if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait >= 0:  # NaN is not >= 0
-            kw["retry_after"] = min(wait, MAX_LEASE_SECONDS)  # a longer pause is held to the longest one kept
-        else:
+        try:  # a longer pause is held to the longest one kept; the rest as the store checks it
+            kw["retry_after"] = check_retry_after(min(wait, MAX_LEASE_SECONDS))
+        except (IntakeError, TypeError):
             log.warning("a not-sent answer asked for a pause of %r seconds, which is not usable: left out", wait)
     return kw
 

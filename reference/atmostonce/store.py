@@ -13,7 +13,6 @@ the role protocols of :mod:`atmostonce.protocols` (re-exported here); :class:`St
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,7 +35,6 @@ from .records import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_MAX_RECONCILES,
-    MAX_LEASE_SECONDS,
     MAX_NAME_BYTES,
     ClaimLease,
     Evidence,
@@ -47,6 +45,7 @@ from .records import (
     SourceCapture,
     Submission,
     check_json_object,
+    check_retry_after,
     check_text,
     person_name,
     prepare_submission,
@@ -198,25 +197,6 @@ def _int(name: str, v: Any, optional: bool = False) -> int | None:
     if not -(2**63) <= v < 2**63:
         raise IntakeError(message, field=name, code=IntakeCode.OUT_OF_RANGE, limit=-(2**63) if v < 0 else 2**63 - 1)
     return v
-
-
-def _retry_after(v: Any) -> int:
-    """A platform's requested pause as whole seconds, rounded up. Raises ``IntakeError`` unless ``v`` is a
-    finite number from 0 to :data:`~atmostonce.records.MAX_LEASE_SECONDS`."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise IntakeError(
-            f"retry_after must be a number of seconds, got {type(v).__name__}",
-            field="retry_after",
-            code=IntakeCode.NOT_NUMBER,
-        )
-    if not 0 <= v <= MAX_LEASE_SECONDS:  # NaN fails both comparisons
-        raise IntakeError(
-            f"retry_after must be from 0 to {MAX_LEASE_SECONDS:g} seconds, got {v!r}",
-            field="retry_after",
-            code=IntakeCode.OUT_OF_RANGE,
-            limit=0 if not v >= 0 else MAX_LEASE_SECONDS,
-        )
-    return math.ceil(v)
 
 
 def _lease_args(lease: Lease) -> dict[str, Any]:
@@ -719,7 +699,7 @@ class Operations(ClaimOperations):
         ``retry_after``, or one over a year)."""
         args = _lease_args(lease) | {"reason": _need_text("reason", reason)}
         if retry_after is not None:
-            args["retry_after"] = _retry_after(retry_after)
+            args["retry_after"] = check_retry_after(retry_after)
         return self._move(EVENT.record_not_sent, lease.key, args)
 
     def record_unknown(self, lease: Lease, *, reason: str) -> Intent:
