@@ -81,3 +81,55 @@ def test_every_sqlite_connection_of_a_store_syncs_at_each_commit(tmp_path):
             assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
     finally:
         store.close()
+
+
+CHILD_TWO = r"""
+import os, sys
+import atmostonce
+from atmostonce.runtime import Dispatcher
+from atmostonce_function import FunctionTransport
+
+db, marker = sys.argv[1:3]
+store = atmostonce.open_store("sqlite:///" + db)
+sends = []
+
+def send(request):
+    sends.append(dict(request.body))
+    os.path.exists(f"{marker}_{len(sends)}")  # the send, as the system calls see it
+    return {"id": f"obj-{len(sends)}"}
+
+d = Dispatcher(store, FunctionTransport(send, read_back=lambda rid: sends[int(rid[4:]) - 1]))
+print(d.publish("acct", "post", "room-1", {"text": "first"})[1])
+print(d.publish("acct", "post", "room-2", {"text": "second"})[1])
+os.path.exists(f"{marker}_END")
+store.close()
+"""
+
+
+def test_an_outcome_s_commit_is_synced_by_the_next_authorization_s_and_not_on_its_own(tmp_path):
+    """Two publishes: the first's outcome commits without a sync of its own, and the second authorization's
+    sync, before the second send, covers it (one WAL, written in order). Between the sends the WAL is synced
+    once, and after the second send not at all until the store closes."""
+    strace = shutil.which("strace")
+    assert strace is not None, "strace is missing: bash .ci/install-tools.sh installs it"
+    db, marker = tmp_path / "outbox.sqlite3", tmp_path / "THE_SEND"
+    out = subprocess.run(
+        [strace, "-f", "-qq", "-o", str(tmp_path / "trace.txt"), "-e",
+         "trace=openat,write,pwrite64,fsync,fdatasync,newfstatat,stat",
+         sys.executable, "-c", CHILD_TWO, str(db), str(marker)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert out.stdout.split() == ["read_back.match", "read_back.match"]
+    lines = (tmp_path / "trace.txt").read_text().splitlines()
+    first, second, end = (next(i for i, line in enumerate(lines) if f"THE_SEND_{n}" in line) for n in ("1", "2", "END"))
+    wal_fds = {m.group(1) for line in lines if (m := OPEN_WAL.search(line))}
+
+    def wal(kind, lo, hi):
+        pattern = SYNC if kind == "sync" else WRITE
+        return [i for i in range(lo, hi) if (m := pattern.match(lines[i])) and m.group(3) in wal_fds]
+
+    outcome_writes = [i for i in wal("write", first, second) if not wal("sync", first, i)]
+    assert outcome_writes, "the first outcome wrote nothing to the WAL before the second authorization"
+    assert len(wal("sync", first, second)) == 1  # the second authorization's, after the first outcome's writes
+    assert wal("sync", first, second)[0] > max(wal("write", first, second))
+    assert wal("write", second, end) and not wal("sync", second, end)  # the second outcome: written, not synced

@@ -103,7 +103,9 @@ SQLITE_PRAGMAS = ("journal_mode=WAL", "foreign_keys=ON", "busy_timeout=30000", "
 """Set on every SQLite connection of a store (sync and async). ``synchronous=FULL``: in WAL mode every commit
 syncs the WAL before it returns, so the authorization is on the disk before any byte leaves; ``NORMAL``
 would leave it in the page cache until a checkpoint, and a power loss at the send would make a sent intent
-look unsent (docs/design.md#two-durable-points-per-send)."""
+look unsent (docs/design.md#two-durable-points-per-send). Only an outcome's transaction, whose loss the lease
+and the reconciler settle, is committed under ``NORMAL`` (``Executor.tx`` with ``lossable``), and the next
+``FULL`` commit syncs it with its own."""
 
 
 def make_engine(url: str, *, pool_size: int = 8) -> Engine:

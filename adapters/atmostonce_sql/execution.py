@@ -324,9 +324,13 @@ class Executor:
             self.autocommit.dispose()
 
     @contextlib.contextmanager
-    def tx(self, autocommit: bool = False) -> Iterator[Connection]:
+    def tx(self, autocommit: bool = False, lossable: bool = False) -> Iterator[Connection]:
         """A transaction (or, with ``autocommit``, a connection for one self-contained statement);
-        driver errors are mapped by :func:`driver_error`."""
+        driver errors are mapped by :func:`driver_error`. With ``lossable`` the transaction commits without
+        waiting for the disk (docs/design.md#two-durable-points-per-send): on PostgreSQL under
+        ``SET LOCAL synchronous_commit = off``, on SQLite under ``PRAGMA synchronous = NORMAL``, which SQLite
+        only takes outside a transaction, so it is set before ``BEGIN`` and set back to ``FULL`` after the
+        commit or rollback."""
         try:
             if autocommit:
                 with self.autocommit.connect() as conn:
@@ -337,7 +341,14 @@ class Executor:
             with self.engine.connect() as conn:
                 if self.on_connect is not None:
                     self.on_connect(conn)
+                if lossable and self.dialect == "sqlite":
+                    with self._sqlite_lowered(conn):
+                        with conn.begin():
+                            yield conn
+                    return
                 with conn.begin():
+                    if lossable and self.dialect == "postgresql":
+                        conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                     yield conn
         except sa.exc.DBAPIError as exc:
             if self.dialect == "postgresql" and self._lost_connection(exc):
@@ -346,6 +357,22 @@ class Executor:
                 # move this was is an unknown outcome to the caller: it re-reads, and never repeats a send.
                 self.dispose()
             raise driver_error(exc) from exc
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _sqlite_lowered(conn: Connection) -> Iterator[None]:
+        """SQLite: ``PRAGMA synchronous = NORMAL`` for the transaction opened inside, ``FULL`` again after it
+        (committed or rolled back). A connection that cannot be set back is invalidated: the pool never hands it
+        out again, so no other transaction commits on it without syncing the WAL."""
+        raw: Any = conn.connection.dbapi_connection
+        raw.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield
+        finally:
+            try:
+                raw.execute("PRAGMA synchronous = FULL")
+            except Exception:  # noqa: BLE001 - whatever failed, the connection must not be used lowered
+                conn.invalidate()
 
     def _lost_connection(self, exc: sa.exc.DBAPIError) -> bool:
         if exc.connection_invalidated:

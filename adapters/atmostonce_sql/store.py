@@ -170,8 +170,9 @@ class SqlStore(SqlClaims, Operations):
         self.engine = engine
         self.core = self  # the store is its own StoreCore: Operations composes every operation over it
         self.async_outcomes = bool(async_outcomes)
-        """PostgreSQL: the table's outcome moves (``Table.outcome_events``) commit with
-        ``synchronous_commit = off``; the authorization before the bytes always waits for the disk."""
+        """The table's outcome moves (``Table.outcome_events``) commit without waiting for the disk (PostgreSQL:
+        ``synchronous_commit = off``; SQLite: ``synchronous = NORMAL``); the authorization before the bytes
+        always waits for it."""
         if ha is not None and (ha not in HA_MODES or engine.dialect.name != "postgresql"):
             raise ValueError(f"HA mode {ha!r}: use one of {', '.join(HA_MODES)}, on PostgreSQL only")
         self.ha = ha
@@ -223,10 +224,11 @@ class SqlStore(SqlClaims, Operations):
         return b
 
     # -- plumbing -------------------------------------------------------------------------
-    def _tx(self, autocommit: bool = False) -> contextlib.AbstractContextManager[Connection]:
+    def _tx(self, autocommit: bool = False, lossable: bool = False) -> contextlib.AbstractContextManager[Connection]:
         """A transaction (or, with ``autocommit``, a connection for one self-contained statement); driver
-        errors are mapped to the library's exceptions (``atmostonce_sql.execution``)."""
-        return self._exec.tx(autocommit)
+        errors are mapped to the library's exceptions (``atmostonce_sql.execution``). With ``lossable``
+        (:meth:`_lossable`) its commit does not wait for the disk."""
+        return self._exec.tx(autocommit, lossable)
 
     # -- high availability (docs/design.md, "Failover and synchronous replication") ------------------------
     def _check_timeline(self, conn: Connection) -> None:
@@ -495,7 +497,7 @@ class SqlStore(SqlClaims, Operations):
         for attempt in range(self._BATCH_DEADLOCK_RETRIES + 1):
             try:
                 if items:
-                    with self._tx() as conn:
+                    with self._tx(lossable=self._lossable([ev.name])) as conn:
                         results, coupled = self._batch_in(conn, ev, stmts, columns, items)
                 break
             except Deadlock:
@@ -527,7 +529,6 @@ class SqlStore(SqlClaims, Operations):
         form."""
         results: dict[int, Intent | Rejected] = {}
         coupled: list[int] = []
-        self._commit_mode(conn, [ev.name])
         params = [self._params(ev, key, args, conn) for key, args in items]
         # in key order: two batches over the same rows then lock them in one order (docs/design.md#the-sweeper-moves-a-batch-per-statement)
         order = sorted(range(len(items)), key=lambda i: items[i][0])
@@ -581,8 +582,7 @@ class SqlStore(SqlClaims, Operations):
 
         def run() -> list[Intent]:
             out: list[Intent] = []
-            with self._tx() as conn:
-                self._commit_mode(conn, events)
+            with self._tx(lossable=self._lossable(events)) as conn:
                 if durable:  # HA sync mode: the commit waits for the synchronous standby, or nothing moves
                     self._durable_authorization(conn, self.table.event(events[0]), key)
                 for event, step in steps:
@@ -602,16 +602,12 @@ class SqlStore(SqlClaims, Operations):
             return self._refusing(ev, key, args, lambda: self._reraise(err))
 
     def _lossable(self, events: list[str]) -> bool:
-        """Whether a transaction of these moves may commit without waiting for the disk: on PostgreSQL,
-        when every one is an outcome move (``Table.outcome_events``: its loss leaves the send in flight
-        under a lease, and the lease's expiry makes it unknown) and ``async_outcomes`` is on. A later
-        synchronous commit (the next authorization) makes every earlier one durable: the WAL is one
-        sequence (docs/design.md#two-durable-points-per-send)."""
-        return self.dialect == "postgresql" and self.async_outcomes and all(e in self._outcome_events for e in events)
-
-    def _commit_mode(self, conn: Connection, events: list[str]) -> None:
-        if self._lossable(events):
-            conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
+        """Whether a transaction of these moves may commit without waiting for the disk: when every one is
+        an outcome move (``Table.outcome_events``: its loss leaves the send in flight under a lease, and the
+        lease's expiry makes it unknown) and ``async_outcomes`` is on. A later synchronous commit (the next
+        authorization) makes every earlier one durable: the WAL is one sequence, on PostgreSQL and in
+        SQLite's WAL file alike (docs/design.md#two-durable-points-per-send)."""
+        return self.async_outcomes and all(e in self._outcome_events for e in events)
 
     @staticmethod
     def _reraise(exc: BaseException) -> Any:
@@ -783,7 +779,8 @@ class SqlStore(SqlClaims, Operations):
             with self._tx(autocommit=True) as conn:
                 moved = self._one_statement(conn, stmts, ev, key, args)
         else:
-            with self._tx() as conn:  # a refusal rolls the transaction back
+            # SQLite: a refusal rolls the transaction back; an outcome move's commit does not sync the WAL
+            with self._tx(lossable=self._lossable([ev.name])) as conn:
                 return self._apply_in(conn, ev, key, args)
         # None: the move needs its coupled form (an approval-gated intent: with its claim)
         return moved if moved is not None else self._apply_coupled(ev, key, args)
@@ -858,9 +855,8 @@ class SqlStore(SqlClaims, Operations):
 
     def _apply_coupled(self, ev, key: str, args: Mapping[str, Any]) -> Intent:
         """The intent's move and its claim's (and approval's) in one transaction: all or nothing."""
-        with self._tx() as conn:
+        with self._tx(lossable=self._lossable([ev.name])) as conn:
             self._lock_row(conn, ev, key)
-            self._commit_mode(conn, [ev.name])
             if self.ha == "sync" and ev.name in self._authorizing | self._opening:
                 self._durable_authorization(conn, ev, key)
             return self._coupled_in(conn, ev, key, args, self._params(ev, key, args, conn))
