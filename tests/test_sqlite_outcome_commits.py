@@ -227,3 +227,26 @@ def test_the_async_sqlite_store_lowers_only_its_outcome_s_commit_and_sets_full_a
 
     assert asyncio.run(scenario()) == STATE.published
     assert seen == [(1, 2, False)]
+
+
+def test_on_sqlite_without_a_wal_journal_every_commit_syncs(tmp_path, monkeypatch):
+    """Where the journal does not take WAL (``PRAGMA journal_mode=WAL`` answers with the mode it kept, as on a
+    file system without shared memory), ``NORMAL`` could cost the file itself on a power loss: the outcome's
+    commit syncs like every other."""
+    import atmostonce_sql
+
+    pragmas = tuple("journal_mode=DELETE" if p.startswith("journal_mode") else p for p in atmostonce_sql.SQLITE_PRAGMAS)
+    monkeypatch.setattr(atmostonce_sql, "SQLITE_PRAGMAS", pragmas)
+    store = open_store(f"sqlite:///{tmp_path}/j.sqlite3")
+    trace = Trace(store)
+    try:
+        _, outcome = Dispatcher(store, Platform(), CONFIG).publish(
+            "acct", "post", "room-1", {"text": "rollback journal"}
+        )
+        assert outcome == "read_back.match"
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "delete"
+        assert {lvl for lvl, _ in trace.transactions()} == {"FULL"}
+        assert _writing(trace.transactions(), EVENT.confirm_read_back) == ["FULL"]
+    finally:
+        store.close()

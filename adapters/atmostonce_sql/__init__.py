@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from atmostonce.errors import SequenceBehind, StoreError
 
-from .execution import durable_commits
+from .execution import SQLITE_WAL, durable_commits, sqlite_checkout
 from .migrate import upgrade
 from .roles import grant_app_role
 from .sequences import sequences_behind
@@ -108,6 +108,21 @@ and the reconciler settle, is committed under ``NORMAL`` (``Executor.tx`` with `
 ``FULL`` commit syncs it with its own."""
 
 
+def sqlite_session(dbapi_conn: Any, record: Any) -> None:
+    """The ``connect`` listener of the store's SQLite engines (sync and async): the driver leaves transactions to
+    the store (``BEGIN IMMEDIATE``), :data:`SQLITE_PRAGMAS` are set, whether the journal took WAL is noted
+    (``atmostonce_sql.execution.SQLITE_WAL``), and the store's SQL functions are registered."""
+    dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+    cur = dbapi_conn.cursor()
+    for pragma in SQLITE_PRAGMAS:
+        cur.execute(f"PRAGMA {pragma}")
+        if pragma.startswith("journal_mode"):
+            row = cur.fetchone()
+            record.info[SQLITE_WAL] = row is not None and str(row[0]).lower() == "wal"
+    cur.close()
+    register_sqlite_functions(dbapi_conn)
+
+
 def make_engine(url: str, *, pool_size: int = 8) -> Engine:
     """An engine configured for the store: SQLite in WAL with ``BEGIN IMMEDIATE`` transactions
     (write serialization), PostgreSQL through psycopg 3 with a connection pool."""
@@ -123,14 +138,8 @@ def make_engine(url: str, *, pool_size: int = 8) -> Engine:
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
-        @sa.event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            for pragma in SQLITE_PRAGMAS:
-                cur.execute(f"PRAGMA {pragma}")
-            cur.close()
-            register_sqlite_functions(dbapi_conn)
+        sa.event.listen(engine, "connect", sqlite_session)
+        sa.event.listen(engine, "checkout", sqlite_checkout)
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn):

@@ -31,9 +31,17 @@ from sqlalchemy.util import greenlet_spawn
 
 from atmostonce.errors import StoreError
 
-from . import SQLITE_PRAGMAS, normalize_url, open_on, split_ha_mode
-from .execution import REFUSED_SQLSTATE, Executor, MoveRefused, Pipeline, durable_commits, generic_plans
-from .store import SqlStore, register_sqlite_functions
+from . import normalize_url, open_on, split_ha_mode, sqlite_session
+from .execution import (
+    REFUSED_SQLSTATE,
+    Executor,
+    MoveRefused,
+    Pipeline,
+    durable_commits,
+    generic_plans,
+    sqlite_checkout,
+)
+from .store import SqlStore
 
 __all__ = [
     "AsyncExecutor",
@@ -73,14 +81,8 @@ def make_async_engine(url: str, *, pool_size: int = 8) -> AsyncEngine:
     if url.startswith("sqlite"):
         engine = create_async_engine(url, connect_args={"timeout": 30})
 
-        @sa.event.listens_for(engine.sync_engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            for pragma in SQLITE_PRAGMAS:
-                cur.execute(f"PRAGMA {pragma}")
-            cur.close()
-            register_sqlite_functions(dbapi_conn)
+        sa.event.listen(engine.sync_engine, "connect", sqlite_session)
+        sa.event.listen(engine.sync_engine, "checkout", sqlite_checkout)
 
         @sa.event.listens_for(engine.sync_engine, "begin")
         def _on_begin(conn: Connection) -> None:

@@ -245,6 +245,28 @@ def driver_error(exc: sa.exc.DBAPIError) -> StoreError:
     return StoreError(message)
 
 
+SQLITE_WAL = "atmostonce.sqlite_wal"
+"""The key, in a pooled SQLite connection's ``info``, that the store's connect listener sets to whether
+``journal_mode=WAL`` took: only then does an outcome's transaction commit under ``synchronous = NORMAL``
+(:meth:`Executor._sqlite_lowered`). In a rollback journal ``NORMAL`` risks the file itself on a power loss."""
+
+SQLITE_LOWERED = "atmostonce.sqlite_lowered"
+"""The key, in a pooled SQLite connection's ``info``, marking a connection that may still be at
+``synchronous = NORMAL`` (:meth:`Executor._sqlite_lowered`); :func:`sqlite_checkout` never hands one out."""
+
+
+def sqlite_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+    """The pool's ``checkout`` listener on SQLite engines: a connection still marked :data:`SQLITE_LOWERED` (an
+    outcome's transaction was interrupted before its connection was set back) is set to ``synchronous = FULL``
+    before use, or, if that fails, dropped (``DisconnectionError``: the pool connects afresh)."""
+    if record.info.get(SQLITE_LOWERED):
+        try:
+            dbapi_conn.execute("PRAGMA synchronous = FULL")
+        except BaseException as exc:
+            raise sa.exc.DisconnectionError("a SQLite connection could not be set back to synchronous = FULL") from exc
+        record.info.pop(SQLITE_LOWERED, None)
+
+
 DURABLE_COMMITS_SQL = (
     "SELECT set_config('synchronous_commit', 'on', false) WHERE current_setting('synchronous_commit') = 'off'"
 )
@@ -362,17 +384,37 @@ class Executor:
     @contextlib.contextmanager
     def _sqlite_lowered(conn: Connection) -> Iterator[None]:
         """SQLite: ``PRAGMA synchronous = NORMAL`` for the transaction opened inside, ``FULL`` again after it
-        (committed or rolled back). A connection that cannot be set back is invalidated: the pool never hands it
-        out again, so no other transaction commits on it without syncing the WAL."""
+        (committed or rolled back), on a connection whose journal reads back as WAL (:data:`SQLITE_WAL`; any
+        other journal keeps ``FULL``). The pooled connection is marked (:data:`SQLITE_LOWERED`) before it is
+        lowered and unmarked only once it is ``FULL`` again: one that cannot be set back (an error, a
+        cancellation, an interrupt at any point) is invalidated, and a marked one is set back or dropped
+        before the pool hands it out again (:func:`sqlite_checkout`). So no other transaction commits on it
+        without syncing the WAL. A failure to lower surfaces as ``DBAPIError`` (:meth:`tx` maps it)."""
+        info = conn.connection.info
+        if not info.get(SQLITE_WAL):
+            yield
+            return
         raw: Any = conn.connection.dbapi_connection
-        raw.execute("PRAGMA synchronous = NORMAL")
+        info[SQLITE_LOWERED] = True
         try:
+            try:
+                raw.execute("PRAGMA synchronous = NORMAL")
+            except Exception as exc:
+                raise sa.exc.DBAPIError.instance("PRAGMA synchronous = NORMAL", None, exc, type(exc)) from exc
             yield
         finally:
             try:
                 raw.execute("PRAGMA synchronous = FULL")
-            except Exception:  # noqa: BLE001 - whatever failed, the connection must not be used lowered
+                info.pop(SQLITE_LOWERED, None)
+            except Exception:
+                # still lowered (a COMMIT that failed left SQLite's transaction open, the connection broke):
+                # never used again; what the transaction itself did or raised stands
                 conn.invalidate()
+            except BaseException:
+                # interrupted or cancelled: never used again (if even this is interrupted, the mark stays and
+                # the next checkout sets it back or drops it)
+                conn.invalidate()
+                raise
 
     def _lost_connection(self, exc: sa.exc.DBAPIError) -> bool:
         if exc.connection_invalidated:
