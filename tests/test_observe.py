@@ -146,3 +146,36 @@ def test_without_a_provider_the_calls_are_no_ops():
     with observe.span("send", key="k") as s:
         observe.set_outcome(s, "send.success")
     assert observe.observe_store(store) is not None  # gauges on the API's no-op provider
+
+
+GLOBAL_LATER = r"""
+import json
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from atmostonce import observe
+
+observe.record_send("read_back.match")  # no SDK yet: counted on the API's proxy, into nothing
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # the application installs its SDK
+observe.record_send("read_back.match")
+observe.record_send("send.unknown")
+points = {}
+for rm in reader.get_metrics_data().resource_metrics:
+    for sm in rm.scope_metrics:
+        for m in sm.metrics:
+            for p in m.data.data_points:
+                points[m.name + " " + p.attributes["outcome"]] = p.value
+print(json.dumps(points, sort_keys=True))
+"""
+
+
+def test_counters_made_before_the_application_installs_its_meter_provider_count_on_it_afterwards():
+    """The counters are made once; made on the global proxy before an SDK is installed, they count on the SDK's
+    provider from the moment it is set (in a child process: the global provider can be set only once)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", GLOBAL_LATER], capture_output=True, text=True, check=True, timeout=60)
+    assert json.loads(out.stdout) == {"atmostonce.sends read_back.match": 1, "atmostonce.sends send.unknown": 1}

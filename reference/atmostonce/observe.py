@@ -61,7 +61,6 @@ except ImportError:  # pragma: no cover - exercised by installs without [otel]
 
 _lock = threading.Lock()
 _instruments: dict[str, Any] | None = None
-_provider_seen: Any = None
 _providers: dict[str, Any] = {"meter": None, "tracer": None}
 
 
@@ -79,13 +78,17 @@ def _meter_provider() -> Any:
 
 
 def _meter_instruments() -> dict[str, Any] | None:
-    """The counters, made on the current meter provider (remade if another was installed since)."""
-    global _instruments, _provider_seen
-    if _otel_metrics is None:
-        return None
+    """The counters, made once: on the provider :func:`configure` gave, else on the global one. The global
+    provider is set at most once (OpenTelemetry refuses a second), and counters made before it was set are
+    the API's proxies, which count on it from the moment it is set; so they are never remade, and a move
+    pays no lookup of the provider (:func:`configure` starts again)."""
+    global _instruments
+    made = _instruments
+    if made is not None or _otel_metrics is None:
+        return made
     provider = _meter_provider()
     with _lock:
-        if _instruments is None or provider is not _provider_seen:
+        if _instruments is None:
             meter = provider.get_meter("atmostonce")
             _instruments = {
                 "sends": meter.create_counter("atmostonce.sends", description="sends by outcome"),
@@ -95,7 +98,6 @@ def _meter_instruments() -> dict[str, Any] | None:
                 "refusals": meter.create_counter("atmostonce.refusals", description="refused moves by guard"),
                 "moves": meter.create_counter("atmostonce.moves", description="moves made, by event"),
             }
-            _provider_seen = provider
         return _instruments
 
 
