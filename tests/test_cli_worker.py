@@ -167,3 +167,19 @@ def test_a_worker_process_holding_the_credential_version_publishes_the_queue_and
         text = json.dumps(w.records)
         assert "zq-body" not in text and not any(t in text for t in tokens)
         store.close()
+
+
+def test_a_worker_on_a_sqlite_file_that_does_not_exist_exits_with_a_store_error_at_once(tmp_path):
+    """A mistyped path is not an outage: waiting does not make the file appear, so the worker refuses it (exit 3,
+    naming the path) instead of retrying for ever, and leaves no empty database behind."""
+    missing = tmp_path / "no-such-folder-typo.sqlite3"
+    cfg = write_config(tmp_path / "w.toml", f"sqlite:///{missing}", "http://127.0.0.1:9/")
+    proc = subprocess.run(
+        [sys.executable, "-m", "atmostonce_cli.main", "worker", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3
+    assert str(missing) in proc.stderr
+    assert not missing.exists()

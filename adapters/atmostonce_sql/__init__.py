@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from atmostonce.errors import SequenceBehind, StoreError
+from atmostonce.errors import SequenceBehind, StoreError, StoreNotFound
 
 from .execution import SQLITE_WAL, durable_commits, sqlite_checkout
 from .migrate import upgrade
@@ -195,9 +195,10 @@ def open_on(
         missing = _missing_sqlite_file(engine)
         if missing is not None:
             engine.dispose()
-            raise StoreError(
+            raise StoreNotFound(
+                missing,
                 f"cannot open the database at {missing}: the SQLite file does not exist (check the path; "
-                "`atmostonce db upgrade` creates a new database)"
+                "`atmostonce db upgrade` creates a new database)",
             )
     try:
         if migrate:

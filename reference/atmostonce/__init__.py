@@ -23,6 +23,7 @@ from .errors import (
     RetractionUnsupported,
     SequenceBehind,
     StoreError,
+    StoreNotFound,
     UnknownIntent,
 )
 from .identity import DeliveryKey, attempt_token, canonical_json, delivery_key, normalize_text, request_digest
@@ -62,6 +63,7 @@ __all__ = [
     "SequenceBehind",
     "Store",
     "StoreError",
+    "StoreNotFound",
     "Table",
     "TableError",
     "UnknownIntent",

@@ -242,6 +242,16 @@ class AppendOnlyViolation(StoreError):
     """The database refused to update or delete an append-only row."""
 
 
+class StoreNotFound(StoreError):
+    """The database to open does not exist and the caller asked not to create it (``open_store(url,
+    create=False)``): a SQLite file missing at ``path``. Waiting does not make it appear, so a worker refuses
+    it at once instead of retrying as it does for a database that does not answer."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(message)
+        self.path = path
+
+
 class SequenceBehind(StoreError):
     """A sequence the store draws identities from would hand out a value already stored: the
     database was restored without its sequence positions (a schema-only or partial restore).
