@@ -78,3 +78,13 @@ def test_the_matrix_transport_states_its_send_timeouts_too(tmp_path):
     )
     # read on a stand-in: a MatrixTransport logs in when it is made, and nothing answers here
     assert MatrixTransport.send_timeout_seconds.fget(SimpleNamespace(config=cfg)) == 27.0
+
+
+def test_the_dispatch_threads_sharing_a_transport_warn_of_a_short_lease_once(http, caplog):
+    """An outbox makes one dispatcher per thread over one transport: the short lease is one warning, not one per
+    thread; another lease on it is warned about again."""
+    with caplog.at_level(logging.WARNING, logger="atmostonce.runtime"):
+        for _ in range(4):
+            Dispatcher(MemoryStore(), http, RuntimeConfig(send_lease_seconds=5.0))
+        Dispatcher(MemoryStore(), http, RuntimeConfig(send_lease_seconds=6.0))
+    assert _warnings(caplog) == [(5.0, 27.0), (6.0, 27.0)]

@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
@@ -243,6 +244,23 @@ def _descriptor(transport: Transport, wire: WireRequest) -> dict[str, Any]:
     }
 
 
+_LEASE_WARNED: weakref.WeakKeyDictionary[Any, set[tuple[float, float]]] = weakref.WeakKeyDictionary()
+
+
+def _first_lease_warning(transport: Any, lease: float, bound: float) -> bool:
+    """Whether the short-lease warning for this transport, lease and bound is the first: the dispatch threads of
+    one outbox share a transport, and one warning says it (a transport that cannot be weakly referenced is
+    warned about each time)."""
+    try:
+        seen = _LEASE_WARNED.setdefault(transport, set())
+    except TypeError:
+        return True
+    if (lease, bound) in seen:
+        return False
+    seen.add((lease, bound))
+    return True
+
+
 @dataclass
 class Dispatcher:
     """Runs one dispatch of one intent. ``work(intent)`` is the caller's expensive step
@@ -272,13 +290,19 @@ class Dispatcher:
 
     def __post_init__(self) -> None:
         bound = getattr(self.transport, "send_timeout_seconds", None)
-        if isinstance(bound, int | float) and not isinstance(bound, bool) and self.config.send_lease_seconds <= bound:
+        if (
+            isinstance(bound, int | float)
+            and not isinstance(bound, bool)
+            and self.config.send_lease_seconds <= bound
+            and _first_lease_warning(self.transport, self.config.send_lease_seconds, bound)
+        ):
             # not refused (a test may shorten the lease on purpose), but a surprise in production: an answer
             # that comes after the lease is not recorded as the send's outcome, which stays unknown
             log.warning(
                 "send lease of %s s is not longer than the %s transport's send timeouts (%s s): a send answered "
-                "after its lease is recorded as unknown and settled by reconciliation; raise "
-                "RuntimeConfig.send_lease_seconds above the timeouts",
+                "after its lease is recorded as unknown, for the reconciler to look up (parked for a person if "
+                "its lookups run out before the object shows); raise RuntimeConfig.send_lease_seconds above the "
+                "timeouts",
                 self.config.send_lease_seconds,
                 getattr(self.transport, "name", "?"),
                 bound,
