@@ -45,21 +45,23 @@ WRITE = re.compile(r"^(\d+\s+)?(pwrite64|write)\((\d+),")
 OPEN_WAL = re.compile(r'openat\(.*-wal", .*= (\d+)$')
 
 
-def _trace(tmp_path: Path) -> tuple[list[str], str]:
+def strace_child(tmp_path: Path, child: str, marker: str = "THE_SEND") -> tuple[list[str], str]:
+    """Run the Python source ``child`` (argv: a database path in ``tmp_path``, a marker path) under ``strace``,
+    tracing opens, writes, syncs and stats; returns the trace's lines and the child's stdout."""
     strace = shutil.which("strace")
     assert strace is not None, "strace is missing: bash .ci/install-tools.sh installs it"
-    db, marker = tmp_path / "outbox.sqlite3", tmp_path / "THE_SEND"
+    db = tmp_path / "outbox.sqlite3"
     out = subprocess.run(
         [strace, "-f", "-qq", "-o", str(tmp_path / "trace.txt"), "-e",
          "trace=openat,write,pwrite64,fsync,fdatasync,newfstatat,stat",
-         sys.executable, "-c", CHILD, str(db), str(marker)],
+         sys.executable, "-c", child, str(db), str(tmp_path / marker)],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     return (tmp_path / "trace.txt").read_text().splitlines(), out.stdout.strip()
 
 
 def test_the_authorization_is_synced_to_the_disk_before_the_send(tmp_path):
-    lines, outcome = _trace(tmp_path)
+    lines, outcome = strace_child(tmp_path, CHILD)
     assert outcome == "read_back.match"
     send = next(i for i, line in enumerate(lines) if "THE_SEND" in line)
     wal_fds = {m.group(1) for line in lines[:send] if (m := OPEN_WAL.search(line))}
@@ -110,17 +112,8 @@ def test_an_outcome_s_commit_is_synced_by_the_next_authorization_s_and_not_on_it
     """Two publishes: the first's outcome commits without a sync of its own, and the second authorization's
     sync, before the second send, covers it (one WAL, written in order). Between the sends the WAL is synced
     once, and after the second send not at all until the store closes."""
-    strace = shutil.which("strace")
-    assert strace is not None, "strace is missing: bash .ci/install-tools.sh installs it"
-    db, marker = tmp_path / "outbox.sqlite3", tmp_path / "THE_SEND"
-    out = subprocess.run(
-        [strace, "-f", "-qq", "-o", str(tmp_path / "trace.txt"), "-e",
-         "trace=openat,write,pwrite64,fsync,fdatasync,newfstatat,stat",
-         sys.executable, "-c", CHILD_TWO, str(db), str(marker)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert out.stdout.split() == ["read_back.match", "read_back.match"]
-    lines = (tmp_path / "trace.txt").read_text().splitlines()
+    lines, out = strace_child(tmp_path, CHILD_TWO)
+    assert out.split() == ["read_back.match", "read_back.match"]
     first, second, end = (next(i for i, line in enumerate(lines) if f"THE_SEND_{n}" in line) for n in ("1", "2", "END"))
     wal_fds = {m.group(1) for line in lines if (m := OPEN_WAL.search(line))}
 

@@ -17,11 +17,8 @@ from __future__ import annotations
 import _thread
 import asyncio
 import re
-import shutil
 import signal
 import sqlite3
-import subprocess
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +34,7 @@ from atmostonce_sql import open_store
 from atmostonce_sql.testing import age_leases
 from tests.helpers import begin_authorize, submit
 from tests.test_fused_dispatch import Platform
+from tests.test_sqlite_durability import OPEN_WAL, SYNC, WRITE, strace_child
 
 CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
 OUTCOMES = frozenset(table().outcome_events)
@@ -326,31 +324,18 @@ async def main():
 asyncio.run(main())
 """
 
-_SYNC = re.compile(r"^(\d+\s+)?(fsync|fdatasync)\((\d+)\)")
-_WRITE = re.compile(r"^(\d+\s+)?(pwrite64|write)\((\d+),")
-_OPEN_WAL = re.compile(r'openat\(.*-wal", .*= (\d+)$')
-
 
 def test_after_a_cancelled_async_outcome_the_next_authorization_is_synced_before_its_send(tmp_path):
     """The system calls of the cancellation above, under ``strace``: the second authorization's WAL frames
     must be synced (``fsync``/``fdatasync`` of the WAL) before the send. On the lowered connection they are
     written and not synced: a power loss at the send loses an authorization whose bytes the platform took."""
-    strace = shutil.which("strace")
-    assert strace is not None, "strace is missing: bash .ci/install-tools.sh installs it"
-    db, marker = tmp_path / "outbox.sqlite3", tmp_path / "MARK"
-    out = subprocess.run(
-        [strace, "-f", "-qq", "-o", str(tmp_path / "trace.txt"), "-e",
-         "trace=openat,write,pwrite64,fsync,fdatasync,newfstatat,stat",
-         sys.executable, "-c", CHILD_CANCELLED, str(db), str(marker)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    assert out.stdout.split() == ["cancelled"]
-    lines = (tmp_path / "trace.txt").read_text().splitlines()
+    lines, out = strace_child(tmp_path, CHILD_CANCELLED, marker="MARK")
+    assert out.split() == ["cancelled"]
     start = next(i for i, line in enumerate(lines) if "MARK_AUTHORIZE" in line)
     send = next(i for i, line in enumerate(lines) if "MARK_SEND" in line)
-    wal_fds = {m.group(1) for line in lines if (m := _OPEN_WAL.search(line))}
-    writes = [i for i in range(start, send) if (m := _WRITE.match(lines[i])) and m.group(3) in wal_fds]
-    syncs = [i for i in range(start, send) if (m := _SYNC.match(lines[i])) and m.group(3) in wal_fds]
+    wal_fds = {m.group(1) for line in lines if (m := OPEN_WAL.search(line))}
+    writes = [i for i in range(start, send) if (m := WRITE.match(lines[i])) and m.group(3) in wal_fds]
+    syncs = [i for i in range(start, send) if (m := SYNC.match(lines[i])) and m.group(3) in wal_fds]
     assert writes, "the second authorization wrote no WAL frame before the send"
     assert {"synced_after_last_write": bool(syncs) and syncs[-1] > writes[-1]} == {"synced_after_last_write": True}
 
