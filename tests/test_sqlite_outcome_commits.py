@@ -171,11 +171,7 @@ def test_an_sqlite_outcome_lost_to_a_power_loss_is_settled_by_looking_and_never_
     finally:
         store.close()
 
-    # the power loss: the same file (its identity kept: written over, not replaced) holds what was synced
-    for f in crashed.iterdir():
-        shutil.copyfile(f, tmp_path / f.name)
-    Path(f"{db}-shm").unlink(missing_ok=True)
-    after = open_store(f"sqlite:///{db}", migrate=False)
+    after = open_store(f"sqlite:///{crashed / db.name}", migrate=False)
     try:
         assert after.get(key).state == STATE.authorized
         assert [h.event for h in after.history(key)][-1] == EVENT.authorize_dispatch

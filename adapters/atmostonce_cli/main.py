@@ -25,7 +25,6 @@ from atmostonce.errors import (
     Rejected,
     RetractionUnsupported,
     SequenceBehind,
-    StoreCopied,
     StoreError,
 )
 from atmostonce.names import ACTOR, EVENT, STATE
@@ -546,10 +545,7 @@ def cmd_declare_restore(args) -> int:
 def cmd_audit_verify(args) -> int:
     from atmostonce.audit import verify_store
 
-    # reads only: a backup is verified before it is put in service (a copied file, or one whose sequences are
-    # behind, is refused for work until declared restored, not for reading)
-    sql = scheme_of(_url(args)) in ("sqlite", "postgresql")
-    store = _store(args, **({"check_sequences": False} if sql else {}))
+    store = _store(args)
     keys = None if args.key is None else [_resolve_key(store, args.key)]
     report = verify_store(store, keys)
     if report.intact:
@@ -1288,8 +1284,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args, f"refused: {exc}\nhint: {hint}", {"unsupported": exc.as_dict(), "hint": hint}, EXIT_REFUSED)
     except SequenceBehind as exc:
         return _fail(args, f"store error: {exc}", {"sequence_behind": exc.as_dict()}, EXIT_STORE)
-    except StoreCopied as exc:
-        return _fail(args, f"store error: {exc}", {"store_copied": exc.as_dict()}, EXIT_STORE)
     except StoreError as exc:
         return _fail(args, f"store error: {exc}", {"store_error": str(exc)}, EXIT_STORE)
     except AtMostOnceError as exc:  # e.g. a read-back with no usable answer from the platform: nothing decided

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atmostonce.errors import IntakeError, SequenceBehind, StoreCopied, StoreError, StoreNotFound
+from atmostonce.errors import IntakeError, SequenceBehind, StoreError, StoreNotFound
 from atmostonce.runtime import RuntimeConfig, backoff_delay
 
 from .urls import display_url, resolve_url
@@ -210,8 +210,8 @@ def setup_logging(level: str, fmt: str) -> logging.Handler:
 # ---------------------------------------------------------------- worker
 def _open_store_patiently(url: str, stop: threading.Event):
     """Open the store, waiting out an unreachable database (jittered backoff, logged) until ``stop``; a
-    sequence behind its data (a partial restore), a copied or restored SQLite file and one that does not exist (a
-    mistyped path) are not waited out: they need an operator, and the worker exits with the store error (exit 3)."""
+    sequence behind its data (a partial restore) and a SQLite file that does not exist (a mistyped path) are not
+    waited out: they need an operator, and the worker exits with the store error (exit 3)."""
     from atmostonce.plugins import open_store, scheme_of
 
     rng, failures = random.Random(), 0
@@ -219,7 +219,7 @@ def _open_store_patiently(url: str, stop: threading.Event):
     while True:
         try:
             return open_store(url, **kw)
-        except (SequenceBehind, StoreCopied, StoreNotFound):
+        except (SequenceBehind, StoreNotFound):
             raise
         except StoreError as exc:
             failures += 1

@@ -14,9 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from atmostonce.errors import SequenceBehind, StoreCopied, StoreError, StoreNotFound
+from atmostonce.errors import SequenceBehind, StoreError, StoreNotFound
 
-from . import file_identity
 from .execution import SQLITE_WAL, durable_commits, sqlite_checkout
 from .migrate import upgrade
 from .roles import grant_app_role
@@ -207,9 +206,6 @@ def open_on(
         if check_sequences:
             with engine.connect() as conn:
                 behind = sequences_behind(conn)
-                path = file_identity.sqlite_path(engine)
-                if not behind and path is not None and file_identity.check(conn, path):
-                    conn.commit()  # the first open records the file as the database's own
         else:
             behind = ()
             with engine.connect():
@@ -217,9 +213,6 @@ def open_on(
     except sa.exc.SQLAlchemyError as exc:
         engine.dispose()
         raise StoreError(f"cannot open the database at {_redact(url)}: {_reason(exc)}") from exc
-    except StoreCopied:
-        engine.dispose()
-        raise
     if behind:
         engine.dispose()
         raise SequenceBehind(behind)

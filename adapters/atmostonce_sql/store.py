@@ -65,7 +65,6 @@ from atmostonce.store import Operations, UnderNewLease, policy_log_row, step_arg
 from atmostonce.table import Table
 from atmostonce.table import table as default_table
 
-from . import file_identity
 from .claims import SqlClaims
 from .effects import SQL_EFFECTS, claims_text, rate_window_move, text_claim_lock
 from .execution import (
@@ -1116,11 +1115,7 @@ class SqlStore(SqlClaims, Operations):
         source state of ``restore_fence`` moved by it with its coupled claim move, history row,
         attempt outcome and reconciliation record. A failure anywhere rolls all of it back."""
         with self._tx() as conn:
-            done = self._declare_restore_in(conn, who, None)
-            path = file_identity.sqlite_path(self.engine)
-            if path is not None:  # a copied or restored SQLite file is this database's own from now on
-                file_identity.record(conn, path)
-            return done
+            return self._declare_restore_in(conn, who, None)
 
     def _declare_restore_in(self, conn: Connection, who: str, reason: str | None) -> tuple[int, int]:
         """:meth:`_declare_restore`'s work inside the caller's transaction (also the ``async`` HA mode's fence of a

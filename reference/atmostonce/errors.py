@@ -252,29 +252,6 @@ class StoreNotFound(StoreError):
         self.path = path
 
 
-class StoreCopied(StoreError):
-    """The SQLite file is not the one this database was last opened as (another device and inode number): a copy,
-    a backup put back, or a file replaced by another. A copy does not show the sends its original made after it
-    was taken, so its workers would send them again; the store refuses to open it for work until
-    ``atmostonce db declare-restore`` fences its open work (docs/design.md#the-restore-protocol), which also
-    records the file as the database's own. A file moved or renamed on its file system keeps its identity.
-
-    Attributes: ``path``, ``recorded`` and ``found`` (``(device, inode)`` pairs) and ``repair`` (the command)."""
-
-    REPAIR = "atmostonce db declare-restore --operator NAME"
-
-    def __init__(self, path: str, recorded: tuple[int, int], found: tuple[int, int]):
-        self.path, self.recorded, self.found, self.repair = path, recorded, found, self.REPAIR
-        super().__init__(
-            f"the SQLite file {path} is a copy or a restored backup (device and inode {found[0]}:{found[1]}, "
-            f"recorded {recorded[0]}:{recorded[1]}): it may not show sends made after it was taken; run "
-            f"{self.REPAIR} once the old workers' send leases have run out"
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "recorded": list(self.recorded), "found": list(self.found), "repair": self.repair}
-
-
 class SequenceBehind(StoreError):
     """A sequence the store draws identities from would hand out a value already stored: the
     database was restored without its sequence positions (a schema-only or partial restore).
