@@ -250,3 +250,37 @@ def test_on_sqlite_without_a_wal_journal_every_commit_syncs(tmp_path, monkeypatc
         assert _writing(trace.transactions(), EVENT.confirm_read_back) == ["FULL"]
     finally:
         store.close()
+
+
+def test_a_connection_left_lowered_is_set_back_at_checkout_or_dropped_and_an_interrupt_there_keeps_its_mark():
+    """The checkout's backstop for a connection an interrupted outcome left at ``NORMAL``: set back to ``FULL``
+    and unmarked; a failure drops it (the pool connects afresh); an interrupt is raised as it is, not taken
+    for a broken connection, and the mark stays for the next checkout."""
+    from types import SimpleNamespace
+
+    from atmostonce_sql.execution import SQLITE_LOWERED, sqlite_checkout
+
+    class Conn:
+        def __init__(self, fails=None):
+            self.fails, self.ran = fails, []
+
+        def execute(self, sql):
+            if self.fails is not None:
+                raise self.fails
+            self.ran.append(sql)
+
+    record = SimpleNamespace(info={SQLITE_LOWERED: True})
+    ok = Conn()
+    sqlite_checkout(ok, record, None)
+    assert ok.ran == ["PRAGMA synchronous = FULL"] and SQLITE_LOWERED not in record.info
+
+    record.info[SQLITE_LOWERED] = True
+    with pytest.raises(sa.exc.DisconnectionError):
+        sqlite_checkout(Conn(sqlite3.OperationalError("disk I/O error")), record, None)
+    with pytest.raises(KeyboardInterrupt):
+        sqlite_checkout(Conn(KeyboardInterrupt()), record, None)
+    assert record.info[SQLITE_LOWERED] is True
+
+    unmarked = Conn()
+    sqlite_checkout(unmarked, SimpleNamespace(info={}), None)
+    assert unmarked.ran == []

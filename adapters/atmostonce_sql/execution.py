@@ -258,11 +258,12 @@ SQLITE_LOWERED = "atmostonce.sqlite_lowered"
 def sqlite_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
     """The pool's ``checkout`` listener on SQLite engines: a connection still marked :data:`SQLITE_LOWERED` (an
     outcome's transaction was interrupted before its connection was set back) is set to ``synchronous = FULL``
-    before use, or, if that fails, dropped (``DisconnectionError``: the pool connects afresh)."""
+    before use, or, if that fails, dropped (``DisconnectionError``: the pool connects afresh). An interrupt or a
+    cancellation meanwhile is raised as it is, the mark kept for the next checkout."""
     if record.info.get(SQLITE_LOWERED):
         try:
             dbapi_conn.execute("PRAGMA synchronous = FULL")
-        except BaseException as exc:
+        except Exception as exc:
             raise sa.exc.DisconnectionError("a SQLite connection could not be set back to synchronous = FULL") from exc
         record.info.pop(SQLITE_LOWERED, None)
 
