@@ -13,23 +13,27 @@ from atmostonce.records import Intent, Lease
 
 
 @contextlib.contextmanager
-def crashable_cluster(name: str) -> Iterator[Any]:
-    """A throwaway PostgreSQL cluster that pays for durability (fsync on) and whose WAL writer sleeps 10 s, so a
-    commit that did not wait for the disk is lost when the test crashes the server (``cluster.stop()`` is
-    ``pg_ctl stop -m immediate``; ``cluster.start()`` recovers it). Yields the started cluster; removes it after."""
+def durable_cluster(name: str, settings: dict[str, Any] | None = None) -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster that pays for durability (fsync on), in a folder of its own that a test may
+    stop and start again (``cluster.stop()`` is ``pg_ctl stop -m immediate``, a crash; ``cluster.start()``
+    recovers it). ``settings``: more ``postgresql.conf`` parameters. Yields the started cluster; removes it after."""
     from atmostonce_sql.pgserver import LocalCluster
 
     parent = tempfile.mkdtemp(prefix=f"atmostonce-{name}-", dir="/tmp")
     os.chmod(parent, 0o755)
-    cluster = LocalCluster(
-        os.path.join(parent, "pg"), remove_on_stop=False, fsync=True, settings={"wal_writer_delay": "10s"}
-    ).start()
+    cluster = LocalCluster(os.path.join(parent, "pg"), remove_on_stop=False, fsync=True, settings=settings).start()
     try:
         yield cluster
     finally:
         cluster.remove_on_stop = True
         cluster.stop()
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def crashable_cluster(name: str) -> contextlib.AbstractContextManager[Any]:
+    """:func:`durable_cluster` whose WAL writer sleeps 10 s, so a commit that did not wait for the disk is lost
+    when the test crashes the server."""
+    return durable_cluster(name, {"wal_writer_delay": "10s"})
 
 
 def submit(store, text="hello", account="acct", kind="post", target="room-1", **kw) -> Intent:

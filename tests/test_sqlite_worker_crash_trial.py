@@ -14,29 +14,25 @@ import json
 import sqlite3
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from atmostonce_cli.main import main
 from atmostonce_sql import open_store
 from atmostonce_sql.testing import age_leases
+from tests.posts_api import JsonHandler, PostsServer, run_cli
 from tests.worker_proc import WorkerProcess, write_config
 
 HOLD_SECONDS = 60  # an upper bound on how long the platform holds a request; the test releases it long before
 
 
-class PostsPlatform:
+class PostsPlatform(PostsServer):
     """``POST /posts`` (no dedupe), ``GET /posts/{id}``, ``GET /posts?key=K`` (a JSON array). ``hold`` applies to
     the next create only: ``before_store`` (held, then stored once released), ``after_store`` (stored, the answer
     held) or ``discard`` (held, then dropped unstored and unanswered)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.create_requests: collections.Counter[str] = collections.Counter()
+        super().__init__()
         self.hold: str | None = None
         self.arrived = threading.Event()
         self.stored = threading.Event()
@@ -44,20 +40,7 @@ class PostsPlatform:
         self.finished = threading.Event()
         platform = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _json(self, status: int, doc: Any) -> None:
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_GET(self) -> None:
                 url = urllib.parse.urlsplit(self.path)
                 query = urllib.parse.parse_qs(url.query)
@@ -96,32 +79,18 @@ class PostsPlatform:
                     if hold is not None:
                         platform.finished.set()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.serve(Handler)
 
     def objects_by_key(self) -> collections.Counter[str]:
         with self.lock:
             return collections.Counter(o["key"].split(".")[0] for o in self.objects.values())
 
-    def __enter__(self) -> PostsPlatform:
-        self.thread.start()
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__exit__(*exc)
 
 
-def run(capsys, *argv: str) -> tuple[int, str]:
-    rc = main(list(argv))
-    out, _ = capsys.readouterr()
-    return rc, out
+run = run_cli
 
 
 @pytest.fixture

@@ -86,7 +86,9 @@ def _bad(path: str, name: str, why: str) -> IntakeError:
 def _positive(path: str, name: str, v: Any, *, whole: bool = False, zero: bool = False) -> float | int:
     if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)):
         raise _bad(path, name, f"must be a {'whole number' if whole else 'number'}, got {v!r}")
-    if not (v >= 0 if zero else v > 0) or (not whole and not math.isfinite(v)):
+    if not whole and not math.isfinite(v):
+        raise _bad(path, name, f"must be a finite number, got {v!r}")
+    if not (v >= 0 if zero else v > 0):
         raise _bad(path, name, f"must be {'0 or more' if zero else 'positive'}, got {v!r}")
     return v
 
@@ -175,7 +177,19 @@ def _load_profile(cfg: WorkerConfig):
 
 
 # ---------------------------------------------------------------- logging
-_RECORD_FIELDS = ("key", "event", "state", "outcome", "attempt", "generation", "guard", "channel", "payload")
+_RECORD_FIELDS = (
+    "key",
+    "event",
+    "state",
+    "outcome",
+    "attempt",
+    "generation",
+    "guard",
+    "channel",
+    "payload",
+    "send_lease_seconds",
+    "send_timeout_seconds",
+)
 
 
 class JsonFormatter(logging.Formatter):
@@ -247,7 +261,17 @@ def cmd_worker(args) -> int:
     try:
         store = _open_store_patiently(url, stop)
         if store is None:
-            return 0
+            # stopped before the database ever answered: nothing ran. The (empty) report is printed as for any
+            # run, and the exit code says the store was never reached
+            from atmostonce.service import OutboxReport
+
+            LOG.warning(
+                "worker stopped before its database answered: nothing was run",
+                extra={"event": "worker.stop", "outcome": "store_unreachable"},
+            )
+            empty = OutboxReport()
+            print(json.dumps(empty.as_dict(), sort_keys=True) if args.json else str(empty))
+            return 3
         try:
             transport = profile.http_transport()
         except BaseException:

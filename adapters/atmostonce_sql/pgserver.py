@@ -333,7 +333,9 @@ class LocalCluster:
         return self
 
     def stop(self) -> None:
-        """Stop the server (``pg_ctl stop -m immediate``) and, if ``remove_on_stop``, delete its folder.
+        """Stop the server (``pg_ctl stop -m immediate``) and, if ``remove_on_stop``, delete its folder. A kept
+        folder is the one a later :meth:`start` of this object starts again: the same cluster, databases, port and
+        URL (a restart).
 
         Idempotent: stopping a stopped or never-started cluster does nothing.
 
@@ -357,6 +359,9 @@ class LocalCluster:
             shutil.rmtree(self.directory, ignore_errors=True)
             if self._own_socket_dir and self.socket_dir is not None:
                 shutil.rmtree(self.socket_dir, ignore_errors=True)
+        elif self._requested_dir is None:
+            # a folder of its own, kept: the next start() starts this same cluster again (same port and URL)
+            self._requested_dir = self.directory
         self.directory = None
 
     def __enter__(self) -> LocalCluster:
