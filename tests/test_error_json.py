@@ -11,6 +11,7 @@ from atmostonce.errors import (
     NoSynchronousStandby,
     NotVerified,
     RetractionUnsupported,
+    SchemaNewer,
     SequenceBehind,
 )
 
@@ -36,6 +37,10 @@ CASES = {
     "retraction_unsupported": (
         lambda: RetractionUnsupported("k" * 64, "delete", "http", "retract.unsupported"),
         {"key": "k" * 64, "action": "delete", "transport": "http", "outcome": "retract.unsupported"},
+    ),
+    "schema_newer": (
+        lambda: SchemaNewer("0042", "0017"),
+        {"found": "0042", "known": "0017", "repair": SchemaNewer.REPAIR},
     ),
     "sequence_behind": (
         lambda: SequenceBehind((("aom_history.seq", 3, 40), ("generation", 0, 7))),

@@ -24,6 +24,7 @@ from atmostonce.errors import (
     NotVerified,
     Rejected,
     RetractionUnsupported,
+    SchemaNewer,
     SequenceBehind,
     StoreError,
 )
@@ -1284,6 +1285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(args, f"refused: {exc}\nhint: {hint}", {"unsupported": exc.as_dict(), "hint": hint}, EXIT_REFUSED)
     except SequenceBehind as exc:
         return _fail(args, f"store error: {exc}", {"sequence_behind": exc.as_dict()}, EXIT_STORE)
+    except SchemaNewer as exc:
+        return _fail(args, f"store error: {exc}", {"schema_newer": exc.as_dict()}, EXIT_STORE)
     except StoreError as exc:
         return _fail(args, f"store error: {exc}", {"store_error": str(exc)}, EXIT_STORE)
     except AtMostOnceError as exc:  # e.g. a read-back with no usable answer from the platform: nothing decided

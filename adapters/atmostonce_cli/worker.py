@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atmostonce.errors import IntakeError, SequenceBehind, StoreError, StoreNotFound
+from atmostonce.errors import IntakeError, SchemaNewer, SequenceBehind, StoreError, StoreNotFound
 from atmostonce.runtime import RuntimeConfig, backoff_delay
 
 from .urls import display_url, resolve_url
@@ -224,8 +224,9 @@ def setup_logging(level: str, fmt: str) -> logging.Handler:
 # ---------------------------------------------------------------- worker
 def _open_store_patiently(url: str, stop: threading.Event):
     """Open the store, waiting out an unreachable database (jittered backoff, logged) until ``stop``; a
-    sequence behind its data (a partial restore) and a SQLite file that does not exist (a mistyped path) are not
-    waited out: they need an operator, and the worker exits with the store error (exit 3)."""
+    sequence behind its data (a partial restore), a SQLite file that does not exist (a mistyped path) and a schema
+    a newer atmostonce migrated are not waited out: they need an operator, and the worker exits with the store
+    error (exit 3)."""
     from atmostonce.plugins import open_store, scheme_of
 
     rng, failures = random.Random(), 0
@@ -233,7 +234,7 @@ def _open_store_patiently(url: str, stop: threading.Event):
     while True:
         try:
             return open_store(url, **kw)
-        except (SequenceBehind, StoreNotFound):
+        except (SchemaNewer, SequenceBehind, StoreNotFound):
             raise
         except StoreError as exc:
             failures += 1

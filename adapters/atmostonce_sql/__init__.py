@@ -14,10 +14,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from atmostonce.errors import SequenceBehind, StoreError, StoreNotFound
+from atmostonce.errors import SchemaNewer, SequenceBehind, StoreError, StoreNotFound
 
 from .execution import SQLITE_WAL, durable_commits, sqlite_checkout
-from .migrate import upgrade
+from .migrate import check_known_revision, upgrade
 from .roles import grant_app_role
 from .sequences import sequences_behind
 from .store import HA_MODES, SqlStore, register_sqlite_functions
@@ -202,17 +202,17 @@ def open_on(
             )
     try:
         if migrate:
-            upgrade(engine)
-        if check_sequences:
-            with engine.connect() as conn:
-                behind = sequences_behind(conn)
-        else:
-            behind = ()
-            with engine.connect():
-                pass
+            upgrade(engine)  # refuses a schema a newer atmostonce migrated (SchemaNewer) before changing anything
+        with engine.connect() as conn:
+            if not migrate:
+                check_known_revision(conn)
+            behind = sequences_behind(conn) if check_sequences else ()
     except sa.exc.SQLAlchemyError as exc:
         engine.dispose()
         raise StoreError(f"cannot open the database at {_redact(url)}: {_reason(exc)}") from exc
+    except SchemaNewer:
+        engine.dispose()
+        raise
     if behind:
         engine.dispose()
         raise SequenceBehind(behind)

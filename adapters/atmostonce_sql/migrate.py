@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
-__all__ = ["alembic_config", "current_revision", "upgrade"]
+__all__ = ["alembic_config", "check_known_revision", "current_revision", "upgrade"]
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -20,11 +21,41 @@ def alembic_config() -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to ``revision`` on ``engine`` in one transaction."""
+    """Apply migrations up to ``revision`` on ``engine`` in one transaction.
+
+    Raises:
+        SchemaNewer: the database is at a revision these migrations do not know (a newer atmostonce migrated it);
+            nothing is changed.
+    """
     cfg = alembic_config()
     with engine.begin() as conn:
+        check_known_revision(conn)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+def check_known_revision(conn: Connection) -> None:
+    """Raise :class:`~atmostonce.errors.SchemaNewer` when the database on ``conn`` records a revision (Alembic's
+    ``alembic_version``) that is none of these migrations'; a database with no revision yet passes."""
+    from alembic.runtime.migration import MigrationContext
+
+    found = MigrationContext.configure(conn).get_current_revision()
+    if found is None:
+        return
+    known, head = _known_revisions()
+    if found not in known:
+        from atmostonce.errors import SchemaNewer
+
+        raise SchemaNewer(found, head)
+
+
+@functools.cache
+def _known_revisions() -> tuple[frozenset[str], str | None]:
+    """Every revision of these migrations, and the newest (read from the scripts once per process)."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(alembic_config())
+    return frozenset(s.revision for s in scripts.walk_revisions()), scripts.get_current_head()
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -39,6 +39,7 @@ __all__ = [
     "NotVerified",
     "Rejected",
     "RetractionUnsupported",
+    "SchemaNewer",
     "SequenceBehind",
     "StoreError",
     "TableCode",
@@ -250,6 +251,28 @@ class StoreNotFound(StoreError):
     def __init__(self, path: str, message: str):
         super().__init__(message)
         self.path = path
+
+
+class SchemaNewer(StoreError):
+    """The database's schema was migrated by a newer atmostonce than this one: its revision is not among the
+    migrations this version knows. This version's statements and guards may not match that schema (a column, a
+    trigger or a guard it does not know), so it neither migrates nor uses the database; waiting does not mend it.
+    Upgrade atmostonce on this host (docs/operations.md, "Upgrading").
+
+    Attributes: ``found`` (the database's revision), ``known`` (the newest revision this version knows) and
+    ``repair`` (what to do)."""
+
+    REPAIR = "upgrade atmostonce here to the version that migrated the database (or newer)"
+
+    def __init__(self, found: str, known: str | None):
+        self.found, self.known, self.repair = found, known, self.REPAIR
+        super().__init__(
+            f"the database's schema is at revision {found}, newer than this atmostonce knows "
+            f"(its newest is {known}): {self.repair}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"found": self.found, "known": self.known, "repair": self.repair}
 
 
 class SequenceBehind(StoreError):
