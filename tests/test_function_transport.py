@@ -551,3 +551,14 @@ def test_the_function_transport_is_registered_as_a_transport_entry_point():
 
     eps = {ep.name: ep for ep in entry_points(group="atmostonce.transports")}
     assert eps["function"].load() is FunctionTransport
+
+
+def test_an_optional_field_absent_from_request_and_object_still_confirms():
+    """A projection names every field the platform may echo; a request that leaves an optional one out is
+    confirmed by an object that has none either, and refused by one that has it (or lacks a field sent)."""
+    t = FunctionTransport(lambda r: "id", lambda i: {"sku": "A"}, projection={"/sku": "/sku", "/qty": "/qty"})
+    assert t.matches(WireRequest(body={"sku": "A"}, delivery_key="dk"), t.read_back("id"))
+    sent_qty = t.compare(WireRequest(body={"sku": "A", "qty": 2}, delivery_key="dk"), t.read_back("id"))
+    assert sent_qty.evidence() == {"field": "/qty", "sent": {"/sku": "A", "/qty": 2}, "found": {"/sku": "A"}}
+    extra = FunctionTransport(lambda r: "id", lambda i: {"sku": "A", "qty": 5}, projection={"/qty": "/qty"})
+    assert extra.compare(WireRequest(body={"sku": "A"}, delivery_key="dk"), extra.read_back("id")).field == "/qty"

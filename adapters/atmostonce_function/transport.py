@@ -29,6 +29,7 @@ from typing import Any
 from atmostonce.errors import AtMostOnceError
 from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
 from atmostonce.projection import Comparison, check_projection
+from atmostonce.records import exception_reason, storable_reason
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -118,7 +119,7 @@ class FunctionTransport:
         """The result for an exception ``send`` raised: :class:`NotSent` or :class:`Unknown`, whose
         ``reason`` starts with the row that decided (``exception:builtins.ConnectionRefusedError: ...``)."""
         c = self.table.classify(exc)
-        return _RESULTS[c.outcome](f"{c.row}: {type(exc).__name__}: {exc}")
+        return _RESULTS[c.outcome](storable_reason(f"{c.row}: {exception_reason(exc)}"))
 
     def send(self, request: WireRequest) -> SendResult:
         """Call ``send(request)`` once; never raises for an :class:`Exception` the callable raised.
@@ -134,7 +135,7 @@ class FunctionTransport:
         try:
             remote_id = usable_id(self._remote_id(answer))
         except Exception as exc:  # the send went through; only its id could not be read
-            return Unknown(f"remote_id: {type(exc).__name__}: {exc}")
+            return Unknown(storable_reason(f"remote_id: {exception_reason(exc)}"))
         if remote_id is None:
             return Unknown(f"send returned no usable remote id ({type(answer).__name__})")
         return Sent(remote_id, _digest(answer))
@@ -144,7 +145,7 @@ class FunctionTransport:
         try:
             return fn(arg)
         except Exception as exc:
-            raise FunctionTransportError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+            raise FunctionTransportError(f"{what} failed: {exception_reason(exc)}") from exc
 
     def read_back(self, remote_id: str) -> ReadBackResult:
         """:class:`Found` with the mapping ``read_back(remote_id)`` returned, or :class:`NotFound` for ``None``.
@@ -179,7 +180,7 @@ class FunctionTransport:
         try:
             remote_id = usable_id(self._remote_id(answer))
         except Exception as exc:
-            raise FunctionTransportError(f"lookup: remote_id: {type(exc).__name__}: {exc}") from exc
+            raise FunctionTransportError(f"lookup: remote_id: {exception_reason(exc)}") from exc
         if remote_id is None:
             raise FunctionTransportError(f"lookup returned a {type(answer).__name__} without a usable id")
         return Found(remote_id, answer if isinstance(answer, Mapping) else None)

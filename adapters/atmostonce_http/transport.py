@@ -30,10 +30,10 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 
-from atmostonce.errors import AtMostOnceError, IntakeError
+from atmostonce.errors import AtMostOnceError
 from atmostonce.identity import canonical_json, digest_bytes, platform_idempotency_key
 from atmostonce.projection import Comparison, Projection, check_projection, compare
-from atmostonce.records import check_text
+from atmostonce.records import usable_remote_id
 from atmostonce.transport import (
     Capabilities,
     Found,
@@ -316,21 +316,9 @@ def sink_config(base_url: str, **overrides: Any) -> HttpPlatformConfig:
 
 
 def usable_id(value: Any) -> str | None:
-    """``value`` as a remote id, or ``None`` when it is not one the store can keep: a non-empty string without
-    control characters that passes the store's own text rule (``atmostonce.records.check_text``: at most 4,096
-    characters, no lone surrogate), or an int (not a bool). A send answered without a usable id is an unknown
-    outcome, settled by lookup: an id taken here that the store then refused would lose the record of a send
-    that happened."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        value = str(value)
-    if not isinstance(value, str) or not value.strip() or any(ord(c) < 32 for c in value):
-        return None
-    try:
-        return check_text("remote_id", value)
-    except IntakeError:
-        return None
+    """``value`` as a remote id, or ``None`` when it is not one the store can keep
+    (:func:`atmostonce.records.usable_remote_id`, the rule the Dispatcher applies to every transport's answer)."""
+    return usable_remote_id(value)
 
 
 class _HttpCore:

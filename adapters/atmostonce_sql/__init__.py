@@ -187,10 +187,19 @@ def open_store(
 
 
 def open_on(
-    engine: Engine, url: str, migrate: bool, check_sequences: bool, create: bool, store_class: type[SqlStore], **kw: Any
+    engine: Engine,
+    url: str,
+    migrate: bool,
+    check_sequences: bool,
+    create: bool,
+    store_class: type[SqlStore],
+    *,
+    lock_held: bool = False,
+    **kw: Any,
 ) -> SqlStore:
     """:func:`open_store`'s checks and migrations on an engine made for ``url``, then ``store_class(engine, **kw)``
-    (``atmostonce_sql.aio`` runs it over an async engine's ``sync_engine``, inside a greenlet)."""
+    (``atmostonce_sql.aio`` runs it over an async engine's ``sync_engine``, inside a greenlet, holding
+    :data:`atmostonce_sql.migrate.MIGRATION_LOCK` already: ``lock_held``)."""
     if not create:
         missing = _missing_sqlite_file(engine)
         if missing is not None:
@@ -202,7 +211,9 @@ def open_on(
             )
     try:
         if migrate:
-            upgrade(engine)  # refuses a schema a newer atmostonce migrated (SchemaNewer) before changing anything
+            upgrade(
+                engine, lock_held=lock_held
+            )  # refuses a schema a newer atmostonce migrated (SchemaNewer) before changing anything
         with engine.connect() as conn:
             if not migrate:
                 check_known_revision(conn)

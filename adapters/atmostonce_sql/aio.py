@@ -41,6 +41,7 @@ from .execution import (
     generic_plans,
     sqlite_checkout,
 )
+from .migrate import MIGRATION_LOCK
 from .store import SqlStore
 
 __all__ = [
@@ -230,9 +231,24 @@ class AsyncSqlStore:
     ) -> AsyncSqlStore:
         """Build the store on ``engine`` (``store_class``'s constructor runs on the async driver too):
         :func:`atmostonce_sql.open_store`'s migrations and checks, and its errors."""
-        sync = await greenlet_spawn(
-            open_on, engine.sync_engine, url, migrate, check_sequences, create, green_class(store_class), **kw
-        )
+        # Alembic's globals are the process's: the migration lock is taken here, polled so that a cancelled
+        # open never leaves it held and the loop never blocks on it, and the greenlet runs under it
+        while not MIGRATION_LOCK.acquire(blocking=False):
+            await asyncio.sleep(0.005)
+        try:
+            sync = await greenlet_spawn(
+                open_on,
+                engine.sync_engine,
+                url,
+                migrate,
+                check_sequences,
+                create,
+                green_class(store_class),
+                lock_held=True,
+                **kw,
+            )
+        finally:
+            MIGRATION_LOCK.release()
         return cls(sync, engine)
 
     async def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection, Engine
 
 __all__ = ["alembic_config", "check_known_revision", "current_revision", "upgrade"]
@@ -20,26 +23,47 @@ def alembic_config() -> Config:
     return cfg
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply migrations up to ``revision`` on ``engine`` in one transaction.
+MIGRATION_LOCK_KEY = 0x61746D6F6D696772  # "atmomigr": the PostgreSQL advisory lock every migration takes
+MIGRATION_LOCK = threading.Lock()
+"""Held by whoever runs Alembic in this process: Alembic keeps the running migration's environment in module
+globals (``alembic.context``), so two migrations at once in one process, in threads or in greenlets on one
+event loop, would read each other's. Taken before the database's own lock, always in that order."""
+
+
+def upgrade(engine: Engine, revision: str = "head", *, lock_held: bool = False) -> None:
+    """Apply migrations up to ``revision`` on ``engine`` in one transaction. A database already at the newest
+    revision is only read. Migrations of one database run one at a time across processes (on PostgreSQL, a
+    transaction-level advisory lock; on SQLite, the store's ``BEGIN IMMEDIATE``), and one at a time in this
+    process (:data:`MIGRATION_LOCK`; ``lock_held``: the caller holds it already), so processes and async tasks
+    opening a new database together migrate it once, each waiting for the one ahead.
 
     Raises:
         SchemaNewer: the database is at a revision these migrations do not know (a newer atmostonce migrated it);
             nothing is changed.
     """
-    cfg = alembic_config()
-    with engine.begin() as conn:
-        check_known_revision(conn)
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    if revision == "head":
+        with engine.connect() as conn:
+            found = MigrationContext.configure(conn).get_current_revision()
+            _refuse_unknown(found)
+            if found is not None and found == _known_revisions()[1]:
+                return
+    with contextlib.nullcontext() if lock_held else MIGRATION_LOCK:
+        cfg = alembic_config()
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+            check_known_revision(conn)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
 
 
 def check_known_revision(conn: Connection) -> None:
     """Raise :class:`~atmostonce.errors.SchemaNewer` when the database on ``conn`` records a revision (Alembic's
     ``alembic_version``) that is none of these migrations'; a database with no revision yet passes."""
-    from alembic.runtime.migration import MigrationContext
+    _refuse_unknown(MigrationContext.configure(conn).get_current_revision())
 
-    found = MigrationContext.configure(conn).get_current_revision()
+
+def _refuse_unknown(found: str | None) -> None:
     if found is None:
         return
     known, head = _known_revisions()
@@ -59,7 +83,5 @@ def _known_revisions() -> tuple[frozenset[str], str | None]:
 
 
 def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()

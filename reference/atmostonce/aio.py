@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -160,6 +161,29 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def check_async_transport(transport: Any) -> None:
+    """Refuse, before any store is opened or any byte sent, a transport that is not an :class:`AsyncTransport`:
+    its ``send`` and ``aclose``, and ``read_back`` / ``lookup`` when its capabilities claim them, must be
+    coroutine functions (``async def``). A synchronous transport (``FunctionTransport``, ``HttpTransport``)
+    goes to :func:`atmostonce.open`; given here, its send would run and its result could not be awaited, so
+    the outcome of a send that happened would be lost. Raises ``TypeError`` naming the first method that is
+    missing or not a coroutine function."""
+    caps = getattr(transport, "capabilities", None)
+    needed = ["send", "aclose"]
+    if getattr(caps, "read_back", False):
+        needed.append("read_back")
+    if getattr(caps, "lookup_by_key", False):
+        needed.append("lookup")
+    for name in needed:
+        method = getattr(transport, name, None)
+        if not inspect.iscoroutinefunction(method):
+            raise TypeError(
+                f"open_async needs an AsyncTransport: {type(transport).__name__}.{name} is "
+                f"{'missing' if method is None else 'not a coroutine function'} (a synchronous transport goes to "
+                "atmostonce.open)"
+            )
+
+
 class AsyncOutbox:
     """The outbox service for asyncio: :class:`~atmostonce.service.Outbox` run in worker threads (see the
     module), its sends, and with a native async store its store operations, awaited on this event loop.
@@ -182,6 +206,7 @@ class AsyncOutbox:
     ):
         if (open_store_ is None) == (open_native is None):
             raise ValueError("give one of open_store_ (a sync store) and open_native (an async store)")
+        check_async_transport(transport)
         self._open_store, self.transport, self.close_transport = open_store_, transport, close_transport
         self._open_native = open_native
         self._options = options

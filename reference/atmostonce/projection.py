@@ -32,8 +32,9 @@ Projection = tuple[tuple[str, str], ...]
 class Comparison:
     """The result of comparing a read-back with the request.
 
-    ``match``: every projected field is present and equal. ``field``: the request pointer of the first
-    field that differs or is missing (``None`` on a match, or ``""`` when the object is unreadable).
+    ``match``: every projected field is equal, or absent from both the request and the object (an optional
+    field this request did not carry). ``field``: the request pointer of the first field that differs or is
+    on one side only (``None`` on a match, or ``""`` when the object is unreadable).
     ``sent`` / ``found``: the normalized projected values, by request pointer (a missing one is left out
     of ``found``); kept as evidence when the read-back does not confirm the send.
     """
@@ -105,6 +106,8 @@ def compare(sent: Mapping[str, Any], found: Mapping[str, Any] | None, projection
         s_out[a] = None if want is MISSING else _shown(want)
         if got is not MISSING:
             f_out[a] = _shown(got)
+        if want is MISSING and got is MISSING:  # an optional field this request did not carry, nor the object
+            continue
         if first is None and (want is MISSING or got is MISSING or not _same(want, got)):
             first = a
     return Comparison(first is None, first, s_out, f_out)

@@ -567,6 +567,48 @@ def check_text(
     return v
 
 
+def usable_remote_id(value: Any) -> str | None:
+    """``value`` as a platform object id the stores keep, or ``None`` when it is not one: a non-empty string
+    without control characters that passes :func:`check_text` (at most 4,096 characters, no lone surrogate),
+    or an int (not a bool), kept as its decimal string. A send answered with an id that is not usable is an
+    unknown outcome, settled by lookup: an id taken here that the store then refused would lose the record of
+    a send that happened (docs/design.md#late-outcomes-are-evidence)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip() or any(ord(c) < 32 for c in value):
+        return None
+    try:
+        return check_text("remote_id", value)
+    except IntakeError:
+        return None
+
+
+def storable_reason(v: Any, *, fallback: str = "no reason given", max_chars: int = MAX_TEXT_CHARS) -> str:
+    """A reason a transport wrote (an exception's text, a platform's error body), made one every store keeps:
+    NUL bytes and lone surrogates escaped as ``\\x00`` and ``\\udcff``, cut to ``max_chars`` characters
+    (the cut marked with ``...``); ``fallback`` when ``v`` is not a string or is blank. Never raises: the
+    reason is a diagnostic, and a send's outcome must be recorded whatever its text (a proven not-sent
+    left unrecorded would wait out its send lease and cost a lookup instead of a retry)."""
+    if not isinstance(v, str) or not v.strip():
+        return fallback
+    text = v.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > max_chars:
+        text = text[: max_chars - 3] + "..."
+    return text
+
+
+def exception_reason(exc: BaseException) -> str:
+    """``Class: message`` for an exception, as a storable reason (:func:`storable_reason`); an exception whose
+    ``__str__`` itself raises is described by its class alone. Never raises."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # an SDK error whose message cannot be rendered: its class still says what it was
+        text = f"{type(exc).__name__}: (its message could not be rendered)"
+    return storable_reason(text)
+
+
 def person_name(what: str, v: Any) -> str:
     """A person's name (operator, approver) as every store compares it: a whitespace-only name (any
     Unicode whitespace) becomes ``""``, which the guards refuse. Raises ``IntakeError`` for bad text."""

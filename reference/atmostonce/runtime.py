@@ -38,6 +38,9 @@ from .records import (
     Submission,
     check_limit,
     check_retry_after,
+    exception_reason,
+    storable_reason,
+    usable_remote_id,
 )
 from .store import RETRACTION_PREFIX, retraction_of
 from .table import table as default_table
@@ -595,9 +598,10 @@ class Dispatcher:
         return reason
 
     def _send(self, wire: WireRequest) -> Any:
-        """The one send of an authorized attempt, in its span and counted by outcome."""
+        """The one send of an authorized attempt, in its span and counted by outcome; the answer as one the
+        store can record (:func:`storable_send_result`)."""
         with observe.span("send", key=wire.delivery_key, transport=self.transport.name) as sp:
-            result = self.transport.send(wire)
+            result = storable_send_result(self.transport.send(wire))
             observe.set_outcome(sp, result.outcome)
         observe.record_send(result.outcome)
         return result
@@ -632,6 +636,35 @@ class Dispatcher:
                     worker_time=time.time(),
                 )
             raise
+
+
+def storable_send_result(result: Any) -> Sent | NotSent | Unknown:
+    """A transport's answer to a send, made one every store records (docs/design.md#late-outcomes-are-evidence):
+    its ``reason`` fitted by :func:`~atmostonce.records.storable_reason`; a :class:`Sent` whose ``remote_id`` the
+    store cannot keep (:func:`~atmostonce.records.usable_remote_id`: empty, a NUL, too long, not text) or an
+    answer that is none of the three becomes :class:`Unknown`: the request may have been taken, and only a lookup
+    settles it. An int id is kept as its decimal string; a ``response_digest`` that is not storable text is
+    dropped. Never raises: after the bytes left, the outcome must be recorded."""
+    if isinstance(result, Sent):
+        remote_id = usable_remote_id(result.remote_id)
+        if remote_id is None:
+            shown = repr(result.remote_id)
+            shown = shown if len(shown) <= 100 else shown[:97] + "..."
+            return Unknown(storable_reason(f"the transport answered sent with an id the store cannot keep: {shown}"))
+        digest = result.response_digest
+        if digest is not None and (not isinstance(digest, str) or storable_reason(digest, fallback="") != digest):
+            log.warning("a send's response digest is not storable text: left out")
+            digest = None
+        if remote_id != result.remote_id or digest != result.response_digest:
+            return Sent(remote_id, digest, result.outcome)
+        return result
+    if isinstance(result, NotSent):
+        reason = storable_reason(result.reason)
+        return result if reason == result.reason else NotSent(reason, result.outcome, result.retry_after)
+    if isinstance(result, Unknown):
+        reason = storable_reason(result.reason)
+        return result if reason == result.reason else Unknown(reason, result.outcome)
+    return Unknown(f"the transport answered neither sent, not sent nor unknown ({type(result).__name__})")
 
 
 def _unsent_args(result: NotSent | Unknown) -> dict[str, Any]:
@@ -939,11 +972,17 @@ class Reconciler:
             try:
                 with observe.span("lookup", key=it.key, transport=self.transport.name) as sp:
                     event, kw, name = self._look(it)
+                    if "remote_id" in kw and usable_remote_id(kw["remote_id"]) is None:
+                        # an object found under an id the store cannot keep: no evidence it can record
+                        raise ValueError(
+                            f"the platform named an object whose id the store cannot keep: {kw['remote_id']!r:.100}"
+                        )
                     observe.set_outcome(sp, name)
             except Exception as exc:  # the lookup itself failed (any transport's error): no evidence, nothing written
                 failures = self.lookup_errors.get(it.key, (0, now, ""))[0] + 1
-                self.lookup_errors[it.key] = (failures, now, f"{type(exc).__name__}: {exc}")
-                log.warning("lookup of %s failed (%d in a row): %s: %s", it.key, failures, type(exc).__name__, exc)
+                said = exception_reason(exc)
+                self.lookup_errors[it.key] = (failures, now, said)
+                log.warning("lookup of %s failed (%d in a row): %s", it.key, failures, said)
                 observe.record_lookup(OUTCOME.lookup_error)
                 out[OUTCOME.lookup_error] = out.get(OUTCOME.lookup_error, 0) + 1
                 continue
