@@ -204,3 +204,59 @@ def test_cancelling_a_run_on_the_native_store_records_the_send_unknown_never_not
     assert after.state == STATE.indeterminate and after.attempt_count == 1
     unknown = [h for h in history if h.event == table.outcomes["send.unknown"].event]
     assert len(unknown) == 1 and str(unknown[0].detail["reason"]).startswith(CANCELLED_SEND)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cancelled_write_on_the_native_store_leaves_no_transaction_open(request, kind):
+    """Submits cancelled at every point of their life: each is all or nothing (committed with its history, or
+    absent), and once the store is quiet no connection holds a transaction: on SQLite another connection takes
+    the write lock without waiting at all (a cancellation inside the driver's await had left a pooled connection
+    holding it, and every writer waited out the 30 s busy timeout); on PostgreSQL no session of the database is
+    idle in a transaction."""
+    import sqlite3
+
+    import psycopg
+
+    from atmostonce_sql.aio import open_async_store
+
+    dbs = _dbs(request, kind)
+    url = dbs.fresh()
+
+    async def scenario():
+        store = await open_async_store(url, migrate=False, pool_size=4)
+        try:
+            targets = []
+            for r in range(30):
+                tasks = []
+                for i in range(4):
+                    targets.append(f"r{r}-{i}")
+                    tasks.append(asyncio.create_task(store.submit("acct", "post", targets[-1], {"text": "hi"})))
+                await asyncio.sleep(0.001 * (r % 15))
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await store.quiesce()
+                if kind == "sqlite":
+                    other = sqlite3.connect(store.engine.url.database, timeout=0, isolation_level=None)
+                    try:
+                        other.execute("BEGIN IMMEDIATE")  # raises "database is locked" if a write lock leaked
+                        other.execute("ROLLBACK")
+                    finally:
+                        other.close()
+                else:
+                    dsn = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+                    with psycopg.connect(dsn) as conn:
+                        row = conn.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                            " AND state LIKE 'idle in transaction%'"
+                        ).fetchone()
+                    assert row == (0,)
+            found = {it.target: it for it in await store.list_intents(limit=1000)}
+            for it in found.values():
+                assert [h.event for h in await store.history(it.key)] == [EVENT.submit]
+            return set(found) <= set(targets)
+        finally:
+            await store.aclose()
+
+    assert asyncio.run(scenario())
+    dbs.drop(url)

@@ -216,6 +216,20 @@ class AsyncSqlStore:
 
     def __init__(self, sync: SqlStore, engine: AsyncEngine):
         self.sync, self.engine = sync, engine
+        self._inflight: set[asyncio.Future[Any]] = set()
+
+    async def _finish(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run ``fn`` in a greenlet to its end even when the awaiting task is cancelled: the caller gets its
+        ``CancelledError`` at once, and the operation commits or rolls back and gives its connection back to the
+        pool clean. A cancellation delivered inside the driver's own await would leave a transaction open on a
+        pooled connection: on SQLite its write lock then held every other writer for the busy timeout (30 s). So
+        a cancelled write is all or nothing, as an uncancelled one is; :meth:`aclose` waits for those still
+        running."""
+        task: asyncio.Future[_T] = asyncio.ensure_future(greenlet_spawn(fn, *args, **kwargs))
+        self._inflight.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._inflight.discard)
+        return await asyncio.shield(task)
 
     @classmethod
     async def open(
@@ -253,7 +267,7 @@ class AsyncSqlStore:
 
     async def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run ``fn(*args, **kwargs)``, synchronous code over ``self.sync``, on the async driver."""
-        return await greenlet_spawn(fn, *args, **kwargs)
+        return await self._finish(fn, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self.sync, name)
@@ -261,14 +275,22 @@ class AsyncSqlStore:
             return attr
 
         async def operation(*args: Any, **kwargs: Any) -> Any:
-            return await greenlet_spawn(attr, *args, **kwargs)
+            return await self._finish(attr, *args, **kwargs)
 
         operation.__name__ = operation.__qualname__ = name
         operation.__doc__ = attr.__doc__
         return operation
 
+    async def quiesce(self) -> None:
+        """Return once every operation started on this store has finished, those whose callers were cancelled
+        included (their writes are then committed or rolled back, their connections back in the pool)."""
+        while self._inflight:
+            await asyncio.wait(set(self._inflight))
+
     async def aclose(self) -> None:
-        """Dispose of the store's engines (its own autocommit engine, then ``engine``). Idempotent."""
+        """:meth:`quiesce`, then dispose of the store's engines (its own autocommit engine, then ``engine``).
+        Idempotent."""
+        await self.quiesce()
         await greenlet_spawn(self.sync.close)
         await self.engine.dispose()
 
@@ -277,6 +299,12 @@ class AsyncSqlStore:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _settled(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of an operation whose caller may be gone as seen (its caller, if any, re-raises it)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def open_async_store(
