@@ -982,7 +982,7 @@ class Reconciler:
                 failures = self.lookup_errors.get(it.key, (0, now, ""))[0] + 1
                 said = exception_reason(exc)
                 self.lookup_errors[it.key] = (failures, now, said)
-                log.warning("lookup of %s failed (%d in a row): %s", it.key, failures, said)
+                log.warning("lookup of %s failed (%d in a row): %s: %s", it.key, failures, type(exc).__name__, exc)
                 observe.record_lookup(OUTCOME.lookup_error)
                 out[OUTCOME.lookup_error] = out.get(OUTCOME.lookup_error, 0) + 1
                 continue
