@@ -211,9 +211,8 @@ def open_on(
             )
     try:
         if migrate:
-            upgrade(
-                engine, lock_held=lock_held
-            )  # refuses a schema a newer atmostonce migrated (SchemaNewer) before changing anything
+            # refuses a schema a newer atmostonce migrated (SchemaNewer) before changing anything
+            upgrade(engine, lock_held=lock_held)
         with engine.connect() as conn:
             if not migrate:
                 check_known_revision(conn)
