@@ -138,8 +138,11 @@ class ExceptionRow:
         if self.attribute is None:
             return True
         value: Any = exc
-        for part in self.attribute.split("."):
-            value = getattr(value, part, None)
+        try:
+            for part in self.attribute.split("."):
+                value = getattr(value, part, None)
+        except Exception:  # an SDK error whose attribute lookup itself raises: the row does not match
+            return False
         if isinstance(value, bool) or not isinstance(value, int):
             return False
         if self.codes:

@@ -193,13 +193,10 @@ def open_on(
     check_sequences: bool,
     create: bool,
     store_class: type[SqlStore],
-    *,
-    lock_held: bool = False,
     **kw: Any,
 ) -> SqlStore:
     """:func:`open_store`'s checks and migrations on an engine made for ``url``, then ``store_class(engine, **kw)``
-    (``atmostonce_sql.aio`` runs it over an async engine's ``sync_engine``, inside a greenlet, holding
-    :data:`atmostonce_sql.migrate.MIGRATION_LOCK` already: ``lock_held``)."""
+    (``atmostonce_sql.aio`` runs it over an async engine's ``sync_engine``, inside a greenlet)."""
     if not create:
         missing = _missing_sqlite_file(engine)
         if missing is not None:
@@ -212,7 +209,7 @@ def open_on(
     try:
         if migrate:
             # refuses a schema a newer atmostonce migrated (SchemaNewer) before changing anything
-            upgrade(engine, lock_held=lock_held)
+            upgrade(engine)
         with engine.connect() as conn:
             if not migrate:
                 check_known_revision(conn)

@@ -41,7 +41,6 @@ from .execution import (
     generic_plans,
     sqlite_checkout,
 )
-from .migrate import MIGRATION_LOCK
 from .store import SqlStore
 
 __all__ = [
@@ -217,6 +216,7 @@ class AsyncSqlStore:
     def __init__(self, sync: SqlStore, engine: AsyncEngine):
         self.sync, self.engine = sync, engine
         self._inflight: set[asyncio.Future[Any]] = set()
+        self._closed = False
 
     async def _finish(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         """Run ``fn`` in a greenlet to its end even when the awaiting task is cancelled: the caller gets its
@@ -225,6 +225,8 @@ class AsyncSqlStore:
         pooled connection: on SQLite its write lock then held every other writer for the busy timeout (30 s). So
         a cancelled write is all or nothing, as an uncancelled one is; :meth:`aclose` waits for those still
         running."""
+        if self._closed:  # a late task of the application: its connection would outlive the disposed engine
+            raise StoreError("this async store is closed (aclose): open another one")
         task: asyncio.Future[_T] = asyncio.ensure_future(greenlet_spawn(fn, *args, **kwargs))
         self._inflight.add(task)
         task.add_done_callback(_settled)
@@ -245,24 +247,9 @@ class AsyncSqlStore:
     ) -> AsyncSqlStore:
         """Build the store on ``engine`` (``store_class``'s constructor runs on the async driver too):
         :func:`atmostonce_sql.open_store`'s migrations and checks, and its errors."""
-        # Alembic's globals are the process's: the migration lock is taken here, polled so that a cancelled
-        # open never leaves it held and the loop never blocks on it, and the greenlet runs under it
-        while not MIGRATION_LOCK.acquire(blocking=False):
-            await asyncio.sleep(0.005)
-        try:
-            sync = await greenlet_spawn(
-                open_on,
-                engine.sync_engine,
-                url,
-                migrate,
-                check_sequences,
-                create,
-                green_class(store_class),
-                lock_held=True,
-                **kw,
-            )
-        finally:
-            MIGRATION_LOCK.release()
+        sync = await greenlet_spawn(
+            open_on, engine.sync_engine, url, migrate, check_sequences, create, green_class(store_class), **kw
+        )
         return cls(sync, engine)
 
     async def call(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -289,7 +276,10 @@ class AsyncSqlStore:
 
     async def aclose(self) -> None:
         """:meth:`quiesce`, then dispose of the store's engines (its own autocommit engine, then ``engine``).
-        Idempotent."""
+        Idempotent; an operation awaited after it raises ``StoreError``."""
+        if self._closed:
+            return
+        self._closed = True
         await self.quiesce()
         await greenlet_spawn(self.sync.close)
         await self.engine.dispose()
@@ -319,24 +309,51 @@ async def open_async_store(
 ) -> AsyncSqlStore:
     """:func:`atmostonce_sql.open_store` on the async drivers (``atmostonce.open_async_store`` resolves here
     for ``sqlite`` and ``postgresql`` URLs): the same options and errors (``ValueError`` for a bad URL or an HA
-    mode, which the async stores do not have; ``SequenceBehind``; ``StoreError``)."""
+    mode, which the async stores do not have; ``SequenceBehind``; ``StoreError``). Cancelled, the opening (its
+    migration's transaction included) still runs to its end, and the store it opened is closed: a migration cut
+    inside the driver's await would leave its transaction, and on SQLite the write lock, open."""
     url, ha = split_ha_mode(url)
     if ha is not None or kw.get("ha") is not None:
         raise ValueError("the async stores have no HA mode (open the synchronous store with ha=)")
     engine = make_async_engine(url, pool_size=pool_size)
+
+    async def opening() -> AsyncSqlStore:
+        try:
+            return await AsyncSqlStore.open(
+                engine,
+                url,
+                migrate=migrate,
+                check_sequences=check_sequences,
+                create=create,
+                store_class=store_class,
+                **kw,
+            )
+        except BaseException:
+            await engine.dispose()
+            raise
+
+    task = asyncio.ensure_future(opening())
     try:
-        return await AsyncSqlStore.open(
-            engine,
-            url,
-            migrate=migrate,
-            check_sequences=check_sequences,
-            create=create,
-            store_class=store_class,
-            **kw,
-        )
-    except BaseException:
-        await engine.dispose()
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        _CLOSING.add(task)
+        task.add_done_callback(_close_unwanted)
         raise
+
+
+_CLOSING: set[asyncio.Future[Any]] = set()
+"""Opens whose callers were cancelled, and the closes of the stores they opened (kept until they end)."""
+
+
+def _close_unwanted(task: asyncio.Future[AsyncSqlStore]) -> None:
+    """Close the store an open whose caller was cancelled made (its failure is seen and dropped)."""
+    _CLOSING.discard(task)
+    if task.cancelled() or task.exception() is not None:
+        return
+    closing = asyncio.ensure_future(task.result().aclose())
+    _CLOSING.add(closing)
+    closing.add_done_callback(_CLOSING.discard)
+    closing.add_done_callback(_settled)
 
 
 class BlockingStore:

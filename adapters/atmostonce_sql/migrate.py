@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.util.concurrency import await_, in_greenlet
 
 __all__ = ["alembic_config", "check_known_revision", "current_revision", "upgrade"]
 
@@ -27,15 +30,42 @@ MIGRATION_LOCK_KEY = 0x61746D6F6D696772  # "atmomigr": the PostgreSQL advisory l
 MIGRATION_LOCK = threading.Lock()
 """Held by whoever runs Alembic in this process: Alembic keeps the running migration's environment in module
 globals (``alembic.context``), so two migrations at once in one process, in threads or in greenlets on one
-event loop, would read each other's. Taken before the database's own lock, always in that order."""
+event loop, would read each other's. Taken after the database's own lock (so a wait for one database holds up
+no other), and made anew in a forked child (a fork while another thread held it would leave it held)."""
 
 
-def upgrade(engine: Engine, revision: str = "head", *, lock_held: bool = False) -> None:
+def _new_lock_in_child() -> None:
+    global MIGRATION_LOCK
+    MIGRATION_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+@contextlib.contextmanager
+def _alembic_turn() -> Iterator[None]:
+    """Hold :data:`MIGRATION_LOCK`: blocking in a thread; inside a greenlet on an event loop (the async stores),
+    polled with the loop's sleep, so that another migration of this loop, which holds it, goes on meanwhile."""
+    lock = MIGRATION_LOCK
+    if in_greenlet():
+        import asyncio
+
+        while not lock.acquire(blocking=False):
+            await_(asyncio.sleep(0.005))
+    else:
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
     """Apply migrations up to ``revision`` on ``engine`` in one transaction. A database already at the newest
     revision is only read. Migrations of one database run one at a time across processes (on PostgreSQL, a
     transaction-level advisory lock; on SQLite, the store's ``BEGIN IMMEDIATE``), and one at a time in this
-    process (:data:`MIGRATION_LOCK`; ``lock_held``: the caller holds it already), so processes and async tasks
-    opening a new database together migrate it once, each waiting for the one ahead.
+    process (:data:`MIGRATION_LOCK`, taken once the database's lock is held), so processes, threads and async
+    tasks opening a new database together migrate it once, each waiting for the one ahead.
 
     Raises:
         SchemaNewer: the database is at a revision these migrations do not know (a newer atmostonce migrated it);
@@ -47,12 +77,12 @@ def upgrade(engine: Engine, revision: str = "head", *, lock_held: bool = False) 
             _refuse_unknown(found)
             if found is not None and found == _known_revisions()[1]:
                 return
-    with contextlib.nullcontext() if lock_held else MIGRATION_LOCK:
-        cfg = alembic_config()
-        with engine.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
-            check_known_revision(conn)
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+        check_known_revision(conn)
+        with _alembic_turn():
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
 

@@ -164,24 +164,42 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 def check_async_transport(transport: Any) -> None:
     """Refuse, before any store is opened or any byte sent, a transport that is not an :class:`AsyncTransport`:
     its ``send`` and ``aclose``, and ``read_back`` / ``lookup`` when its capabilities claim them, must be
-    coroutine functions (``async def``). A synchronous transport (``FunctionTransport``, ``HttpTransport``)
-    goes to :func:`atmostonce.open`; given here, its send would run and its result could not be awaited, so
-    the outcome of a send that happened would be lost. Raises ``TypeError`` naming the first method that is
-    missing or not a coroutine function."""
+    coroutine functions (``async def``, also behind ``functools.wraps`` or ``functools.partial``, or an object
+    with an ``async def __call__``), and its ``matches`` must not be one (the runtime calls it without awaiting:
+    a coroutine would read as a confirmation). A synchronous transport (``FunctionTransport``, ``HttpTransport``)
+    goes to :func:`atmostonce.open`; given here, its send would run and its result could not be awaited, so the
+    outcome of a send that happened would be lost. Raises ``TypeError`` naming the first method at fault."""
     caps = getattr(transport, "capabilities", None)
     needed = ["send", "aclose"]
     if getattr(caps, "read_back", False):
         needed.append("read_back")
     if getattr(caps, "lookup_by_key", False):
         needed.append("lookup")
+    kind = type(transport).__name__
     for name in needed:
         method = getattr(transport, name, None)
-        if not inspect.iscoroutinefunction(method):
+        if not _awaits(method):
             raise TypeError(
-                f"open_async needs an AsyncTransport: {type(transport).__name__}.{name} is "
+                f"open_async needs an AsyncTransport: {kind}.{name} is "
                 f"{'missing' if method is None else 'not a coroutine function'} (a synchronous transport goes to "
                 "atmostonce.open)"
             )
+    for name in ("matches", "compare"):
+        if _awaits(getattr(transport, name, None)):
+            raise TypeError(f"{kind}.{name} must be a plain function: the runtime calls it without awaiting it")
+
+
+def _awaits(fn: Any) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def`` (also unwrapped from ``functools.wraps``), or an
+    object whose ``__call__`` is one."""
+    if fn is None:
+        return False
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(inspect.unwrap(fn)):
+        return True
+    if inspect.isroutine(fn):
+        return False
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the class's own __call__, not callable()
+    return call is not None and inspect.iscoroutinefunction(call)
 
 
 class AsyncOutbox:

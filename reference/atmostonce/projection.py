@@ -32,9 +32,10 @@ Projection = tuple[tuple[str, str], ...]
 class Comparison:
     """The result of comparing a read-back with the request.
 
-    ``match``: every projected field is equal, or absent from both the request and the object (an optional
-    field this request did not carry). ``field``: the request pointer of the first field that differs or is
-    on one side only (``None`` on a match, or ``""`` when the object is unreadable).
+    ``match``: every projected field is equal, or is a member absent from its object in both the request and
+    the platform's object (an optional field this request did not carry), and at least one field was compared.
+    ``field``: the request pointer of the first field that differs or is on one side only, or of the first
+    field when none was compared (``None`` on a match, or ``""`` when the object is unreadable).
     ``sent`` / ``found``: the normalized projected values, by request pointer (a missing one is left out
     of ``found``); kept as evidence when the read-back does not confirm the send.
     """
@@ -99,6 +100,7 @@ def compare(sent: Mapping[str, Any], found: Mapping[str, Any] | None, projection
     if not isinstance(found, Mapping):
         return Comparison(False, "", {a: _shown(pointer_get(sent, a)) for a, _ in pairs}, {})
     first: str | None = None
+    compared = 0
     s_out: dict[str, Any] = {}
     f_out: dict[str, Any] = {}
     for a, b in pairs:
@@ -106,8 +108,23 @@ def compare(sent: Mapping[str, Any], found: Mapping[str, Any] | None, projection
         s_out[a] = None if want is MISSING else _shown(want)
         if got is not MISSING:
             f_out[a] = _shown(got)
-        if want is MISSING and got is MISSING:  # an optional field this request did not carry, nor the object
-            continue
+        if want is MISSING and got is MISSING and _absent_member(sent, a) and _absent_member(found, b):
+            continue  # an optional member this request's object did not carry, nor the platform's
+        compared += 1
         if first is None and (want is MISSING or got is MISSING or not _same(want, got)):
             first = a
+    if first is None and compared == 0 and pairs:  # nothing was compared: nothing is confirmed
+        first = pairs[0][0]
     return Comparison(first is None, first, s_out, f_out)
+
+
+def _absent_member(doc: Any, pointer: str) -> bool:
+    """Whether ``pointer`` names a member its parent object does not have (the parent itself resolves to an
+    object): an optional field left out, not a pointer that fails on the document's shape."""
+    tokens = split_pointer(pointer)
+    parent: Any = doc
+    for token in tokens[:-1]:
+        parent = parent.get(token, MISSING) if isinstance(parent, Mapping) else MISSING
+        if parent is MISSING:
+            return False
+    return isinstance(parent, Mapping) and bool(tokens) and tokens[-1] not in parent

@@ -576,7 +576,10 @@ def usable_remote_id(value: Any) -> str | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        value = str(value)
+        try:
+            value = str(value)
+        except ValueError:  # more digits than int -> str converts (sys.get_int_max_str_digits): far too long anyway
+            return None
     if not isinstance(value, str) or not value.strip() or any(ord(c) < 32 for c in value):
         return None
     try:

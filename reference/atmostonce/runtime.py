@@ -15,6 +15,7 @@ unknown outcome.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import threading
@@ -154,7 +155,23 @@ def read_back_confirms(transport: Transport, wire: WireRequest, rb: Any) -> bool
     correct: the transport's projection compare), or the object is gone (delete)."""
     if wire.action == "delete":
         return isinstance(rb, NotFound)
-    return isinstance(rb, Found) and transport.matches(wire, rb)
+    return isinstance(rb, Found) and _confirmed(transport, wire, rb)
+
+
+def _confirmed(transport: Transport, wire: WireRequest, found: Found) -> bool:
+    """``transport.matches(wire, found)``, taken as a confirmation only when it is ``True`` itself: anything else
+    (a coroutine from an ``async def matches``, a truthy object) confirms nothing."""
+    answer = transport.matches(wire, found)
+    if answer is True:
+        return True
+    if answer is not False:
+        close = getattr(answer, "close", None)
+        if inspect.iscoroutine(answer) and close is not None:
+            close()  # never awaited: closed, so it is not reported as such
+        log.warning(
+            "%s.matches answered %s, not a bool: taken as no confirmation", transport.name, type(answer).__name__
+        )
+    return False
 
 
 def retraction_refusal(transport: Transport, action: str) -> str | None:
@@ -638,17 +655,39 @@ class Dispatcher:
             raise
 
 
+_OWN_OUTCOME: dict[type, str] = {Sent: Sent("").outcome, NotSent: NotSent("").outcome, Unknown: Unknown("").outcome}
+"""Each send result's own outcome (its class's default): a result naming another one is not trusted."""
+
+
 def storable_send_result(result: Any) -> Sent | NotSent | Unknown:
     """A transport's answer to a send, made one every store records (docs/design.md#late-outcomes-are-evidence):
     its ``reason`` fitted by :func:`~atmostonce.records.storable_reason`; a :class:`Sent` whose ``remote_id`` the
-    store cannot keep (:func:`~atmostonce.records.usable_remote_id`: empty, a NUL, too long, not text) or an
-    answer that is none of the three becomes :class:`Unknown`: the request may have been taken, and only a lookup
-    settles it. An int id is kept as its decimal string; a ``response_digest`` that is not storable text is
+    store cannot keep (:func:`~atmostonce.records.usable_remote_id`: empty, a NUL, too long, not text), a result
+    whose ``outcome`` is not its class's own (an :class:`Unknown` naming ``send.not_sent`` would be retried), or
+    an answer that is none of the three becomes :class:`Unknown`: the request may have been taken, and only a
+    lookup settles it. An int id is kept as its decimal string; a ``response_digest`` that is not storable text is
     dropped. Never raises: after the bytes left, the outcome must be recorded."""
+    try:
+        return _storable_send_result(result)
+    except Exception as exc:  # a field whose reading itself raises: the outcome is still recorded, as unknown
+        return Unknown(storable_reason(f"the transport's answer could not be read: {exception_reason(exc)}"))
+
+
+def _storable_send_result(result: Any) -> Sent | NotSent | Unknown:
+    kind = next((cls for cls in (Sent, NotSent, Unknown) if isinstance(result, cls)), None)
+    if kind is None:
+        return Unknown(f"the transport answered neither sent, not sent nor unknown ({type(result).__name__})")
+    if result.outcome != _OWN_OUTCOME[kind]:
+        return Unknown(
+            storable_reason(f"the transport answered {kind.__name__} naming the outcome {result.outcome!r:.100}")
+        )
     if isinstance(result, Sent):
         remote_id = usable_remote_id(result.remote_id)
         if remote_id is None:
-            shown = repr(result.remote_id)
+            try:
+                shown = repr(result.remote_id)
+            except Exception:  # an id object whose repr raises
+                shown = f"a {type(result.remote_id).__name__}"
             shown = shown if len(shown) <= 100 else shown[:97] + "..."
             return Unknown(storable_reason(f"the transport answered sent with an id the store cannot keep: {shown}"))
         digest = result.response_digest
@@ -656,15 +695,13 @@ def storable_send_result(result: Any) -> Sent | NotSent | Unknown:
             log.warning("a send's response digest is not storable text: left out")
             digest = None
         if remote_id != result.remote_id or digest != result.response_digest:
-            return Sent(remote_id, digest, result.outcome)
+            return Sent(remote_id, digest)
         return result
     if isinstance(result, NotSent):
         reason = storable_reason(result.reason)
-        return result if reason == result.reason else NotSent(reason, result.outcome, result.retry_after)
-    if isinstance(result, Unknown):
-        reason = storable_reason(result.reason)
-        return result if reason == result.reason else Unknown(reason, result.outcome)
-    return Unknown(f"the transport answered neither sent, not sent nor unknown ({type(result).__name__})")
+        return result if reason == result.reason else NotSent(reason, retry_after=result.retry_after)
+    reason = storable_reason(result.reason)
+    return result if reason == result.reason else Unknown(reason)
 
 
 def _unsent_args(result: NotSent | Unknown) -> dict[str, Any]:
@@ -918,7 +955,7 @@ class Reconciler:
     def _holds_approved(self, wire: WireRequest, found: Found) -> bool:
         """Whether an object found under the key holds what was approved (one found without a body is taken
         on the key's word)."""
-        return found.body is None or self.transport.matches(wire, found)
+        return found.body is None or _confirmed(self.transport, wire, found)
 
     def _record(self, looks: list[tuple[Intent, str, dict[str, Any], str]]) -> list[str | Rejected]:
         """Record a batch of lookups, one conditional write per event (``reconcile_many``); returns each one's
@@ -972,11 +1009,14 @@ class Reconciler:
             try:
                 with observe.span("lookup", key=it.key, transport=self.transport.name) as sp:
                     event, kw, name = self._look(it)
-                    if "remote_id" in kw and usable_remote_id(kw["remote_id"]) is None:
-                        # an object found under an id the store cannot keep: no evidence it can record
-                        raise ValueError(
-                            f"the platform named an object whose id the store cannot keep: {kw['remote_id']!r:.100}"
-                        )
+                    if "remote_id" in kw:
+                        found_id = usable_remote_id(kw["remote_id"])
+                        if found_id is None:  # an object found under an id the store cannot keep: no evidence
+                            raise ValueError(
+                                "the platform named an object whose id the store cannot keep "
+                                f"({type(kw['remote_id']).__name__})"
+                            )
+                        kw = {**kw, "remote_id": found_id}  # an int id as its decimal string, as a send's is
                     observe.set_outcome(sp, name)
             except Exception as exc:  # the lookup itself failed (any transport's error): no evidence, nothing written
                 failures = self.lookup_errors.get(it.key, (0, now, ""))[0] + 1
