@@ -158,3 +158,18 @@ def test_every_store_reports_its_policies_alike(any_store):
         "signing": {"acct": True},
         "text_window_seconds": s.text_window_seconds,
     }
+
+
+def test_a_policy_set_on_a_path_with_no_database_names_the_new_database_it_created(capsys, tmp_path):
+    """A kill switch set on a mistyped path creates a new, empty database there (documented), which no worker
+    reads: the command says so on stderr, naming the file, so the operator does not believe sends are stopped."""
+    path = tmp_path / "mistyped.sqlite3"
+    rc, _, err = run(
+        capsys, "policy", "kill-switch", "global", "on", "--operator", "ops", "--database-url", f"sqlite:///{path}"
+    )
+    assert rc == EXIT_OK and path.exists()
+    assert f"note: created a new, empty database at {path}" in err
+    rc, _, err = run(
+        capsys, "policy", "kill-switch", "global", "off", "--operator", "ops", "--database-url", f"sqlite:///{path}"
+    )
+    assert rc == EXIT_OK and "created a new" not in err

@@ -9,6 +9,7 @@ or a ``work`` pass that ended with a send whose outcome is unknown.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -82,7 +83,29 @@ def _store(args, *, create: bool = False, **kw: Any) -> Store:
     url = _url(args)
     if scheme_of(url) in ("sqlite", "postgresql"):
         kw["create"] = create
-    return open_store_url(url, **kw)
+    new_file = _new_sqlite_file(url) if create else None
+    store = open_store_url(url, **kw)
+    if new_file is not None:  # a policy set on a mistyped path would stop nothing a worker reads: say so
+        print(f"note: created a new, empty database at {new_file}", file=sys.stderr)
+    opened = getattr(args, "opened_stores", None)
+    if opened is not None:  # closed by main() when the command returns
+        opened.append(store)
+    return store
+
+
+def _new_sqlite_file(url: str) -> str | None:
+    """The path of the SQLite file ``url`` names when that file does not exist yet, else ``None``."""
+    if scheme_of(url) != "sqlite":
+        return None
+    import sqlalchemy as sa
+
+    try:
+        path = sa.engine.make_url(url).database
+    except sa.exc.ArgumentError:
+        return None
+    if not path or path == ":memory:" or os.path.exists(path):
+        return None
+    return os.path.abspath(path)
 
 
 def _resolve_key(store: OperatorStore, key: str) -> str:
@@ -1253,6 +1276,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not hasattr(args, "json"):
         args.json = False
+    args.opened_stores = []
+    try:
+        return _run(args, parser)
+    finally:
+        _close_stores(args.opened_stores)
+
+
+def _close_stores(stores: list[Any]) -> None:
+    """Close every store the command opened: a SQLite store's last connection, closed, checkpoints its WAL and
+    removes the ``-wal`` file, so the database is the one file a backup copied over it replaces
+    (docs/operations.md)."""
+    for store in reversed(stores):
+        close = getattr(store, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         return args.func(args)
     except Rejected as exc:
