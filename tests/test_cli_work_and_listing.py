@@ -193,3 +193,19 @@ def test_work_names_an_earlier_unknown_send_its_reconciliation_parks(capsys, cli
         (EXIT_STORE, [{"key": earlier.key, "outcome": None, "state": "indeterminate"}]),
         (EXIT_STORE, [{"key": earlier.key, "outcome": None, "state": "parked"}]),
     ]
+
+
+def test_intents_show_does_not_call_a_fenced_intent_with_no_attempt_unsent(capsys, cli_db):
+    """After a restore, an intent the backup held queued may have been sent by the old store: it is fenced with
+    no attempt here, and once the lookup finds it, it is published with no attempt. Neither is "not sent yet"."""
+    url, store = cli_db
+    it = store.submit("acct", "post", "room-f", {"text": "sent after the backup"})
+    store.declare_restore(operator="alice")
+    rc, out, _ = run_cli(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == EXIT_OK and store.get(it.key).state == "indeterminate"
+    assert "not sent yet" not in out and "restored from a backup" in out
+    plan = store.get(it.key).plan
+    store.reconcile_found(plan, remote_id="p-9")
+    rc, out, _ = run_cli(capsys, "intents", "show", it.key, "--database-url", url)
+    assert rc == EXIT_OK and store.get(it.key).state == "published"
+    assert "  no attempt recorded in this store; the platform holds it as p-9" in out.splitlines()

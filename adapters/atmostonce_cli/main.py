@@ -276,7 +276,14 @@ def cmd_intents_show(args) -> int:
             f"  target claim: {claim.state if claim else 'none'}" + (" (bound to this intent)" if bound else ""),
         ]
     # "sent under" only once an attempt was opened: an intent with none has sent nothing, under no key
-    if not atts:
+    if not atts and it.remote_id is not None:  # found on the platform after a restore fenced it
+        sent_line = f"  no attempt recorded in this store; the platform holds it as {it.remote_id}"
+    elif not atts and any(h.event == EVENT.restore_fence for h in hist):
+        sent_line = (
+            "  no attempt recorded in this store, which was restored from a backup: it may have been sent after the "
+            "backup (reconciliation looks on the platform)"
+        )
+    elif not atts:
         sent_line = "  not sent yet: no attempt has been opened"
     elif not sent_under:  # attempts begun before migration 0005 did not record their epochs
         sent_line = f"  sent under (not recorded for its {len(atts)} attempt(s))"
