@@ -300,36 +300,11 @@ def test_faults_on_sqlite_end_published_or_parked_and_each_post_exists_once(caps
     assert [st[k] for k in keys[3:]] == ["parked"] * 2
 
     assert cli(capsys, "resolve", "--database-url", sqlite_url, keys[3], "--operator", "alice", "--not-sent")[0] == 0
-    rc, dry = cli(
-        capsys,
-        "settle",
-        "--database-url",
-        sqlite_url,
-        "--state",
-        "parked",
-        "--as",
-        "not-sent",
-        "--operator",
-        "alice",
-        "--reason",
-        "checked: not there",
-    )
+    settle = ("settle", "--database-url", sqlite_url, "--state", "parked", "--as", "not-sent")
+    reason = ("--operator", "alice", "--reason", "checked: not there")
+    rc, dry = cli(capsys, *settle, *reason)
     assert rc == 0 and dry["dry_run"] is True
-    rc, done = cli(
-        capsys,
-        "settle",
-        "--database-url",
-        sqlite_url,
-        "--state",
-        "parked",
-        "--as",
-        "not-sent",
-        "--operator",
-        "alice",
-        "--reason",
-        "checked: not there",
-        "--yes",
-    )
+    rc, done = cli(capsys, *settle, *reason, "--yes")
     assert rc == 0 and [r["result"] for r in done["results"]] == ["moved"]
     assert work(capsys, sqlite_url, profile)[0] == 0
 

@@ -18,35 +18,10 @@ from atmostonce.records import MAX_TEXT_CHARS, exception_reason, storable_reason
 from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, storable_send_result
 from atmostonce.transport import Capabilities, Found, NotSent, Sent, Unknown, WireRequest
 from tests.helpers import submit
+from tests.test_transport_answers import Answering
 
 # --------------------------------------------------------------------------------------------------------------
 # 1. storable_send_result / Dispatcher._send: never raise after the send, never record a weaker outcome
-
-
-class Answering:
-    """A hand-written transport whose send answers ``answer`` (no read-back, no lookup)."""
-
-    name, protocol_version = "hand", 1
-    capabilities = Capabilities(read_back=False, lookup_by_key=False)
-
-    def __init__(self, answer):
-        self.answer, self.sends = answer, 0
-
-    def send(self, request):
-        self.sends += 1
-        return self.answer
-
-    def read_back(self, remote_id):  # pragma: no cover - not a capability
-        raise AssertionError("no read-back")
-
-    def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):  # pragma: no cover - not a capability
-        raise AssertionError("no lookup")
-
-    def matches(self, request, found):  # pragma: no cover
-        return False
-
-    def close(self):
-        pass
 
 
 class _Unprintable:
