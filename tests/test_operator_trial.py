@@ -327,33 +327,24 @@ def test_resolve_published_reads_the_id_back_and_refuses_another_posts_id(capsys
     [real] = api.by_delivery_key()[key]
     [wrong] = api.by_delivery_key()[other]
 
-    rc, doc = cli(
-        capsys,
-        "resolve",
-        "--database-url",
-        sqlite_url,
-        key,
-        "--operator",
-        "alice",
-        "--published",
-        wrong,
-        "--platform-config",
-        str(profile),
-    )
+    def resolve_as(remote_id):
+        return cli(
+            capsys,
+            "resolve",
+            "--database-url",
+            sqlite_url,
+            key,
+            "--operator",
+            "alice",
+            "--published",
+            remote_id,
+            "--platform-config",
+            str(profile),
+        )
+
+    rc, doc = resolve_as(wrong)
     assert rc == 1 and doc["not_verified"]["outcome"] == "read_back.differs"
-    rc, doc = cli(
-        capsys,
-        "resolve",
-        "--database-url",
-        sqlite_url,
-        key,
-        "--operator",
-        "alice",
-        "--published",
-        real,
-        "--platform-config",
-        str(profile),
-    )
+    rc, doc = resolve_as(real)
     assert rc == 0 and doc["verified"] is True and doc["state"] == "published"
     assert api.duplicates() == {}
 
