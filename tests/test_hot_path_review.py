@@ -192,6 +192,7 @@ def _nested_list(depth):
     return v
 
 
+@pytest.mark.slow  # builds and walks nestings thousands deep: 10 to 16 s on a slow machine
 @pytest.mark.parametrize("shape", [_nested_dict, _nested_list], ids=["dicts", "lists"])
 def test_canonical_bytes_refuses_exactly_the_depths_the_rfc8785_path_refused(shape):
     """Nesting up to and past the recursion limit, each depth at the same call depth on both paths (the checked
