@@ -71,7 +71,7 @@ quick: $(STAMP) spec-check lint typecheck docs-check
 	  --ignore=tests/test_sqlite_worker_crash_trial.py --ignore=tests/test_pg_worker_trial.py \
 	  --ignore=tests/test_send_answers_and_migrations_review.py --ignore=tests/test_concurrent_migration.py \
 	  --ignore=tests/test_schema_newer.py --ignore=tests/test_sqlite_lossable_review.py --ignore=tests/test_fair_queues.py \
-	  --ignore=tests/test_retry_spacing.py --ignore=tests/test_retry_spacing_review.py
+	  --ignore=tests/test_retry_spacing.py --ignore=tests/test_retry_spacing_review.py --ignore=tests/test_restore_parked.py
 
 ## the PostgreSQL HA cluster (etcd + two Patroni nodes on loopback, docs/deployment.md): the failover tests, then
 ## 4 worker processes publish HA_INTENTS intents while the primary is SIGKILLed HA_FAILOVERS times, with the rule
@@ -156,9 +156,10 @@ bench-ab: $(STAMP)
 	$(BIN)/python tests/bench/ab_publish.py query
 	$(BIN)/python tests/bench/ab_publish.py chain
 
-## this working tree against a git revision (BASE=rev), each in its own process, taking turns (tests/bench/ab_versions.py)
+## this working tree against a git revision (BASE=rev), each in its own process, taking turns (tests/bench/ab_versions.py);
+## SQLITE=1: on one SQLite file instead of PostgreSQL
 bench-vs: $(STAMP)
-	$(BIN)/python tests/bench/ab_versions.py $(BASE)
+	$(BIN)/python tests/bench/ab_versions.py $(BASE) $(if $(SQLITE),--sqlite)
 
 ## the Matrix transport against a real local Synapse, and the demo on it
 matrix: $(STAMP)

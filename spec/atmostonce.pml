@@ -768,18 +768,19 @@ inline ci_resend() {
   }
 }
 
-/* restore_fence (operator): pending, authorized, failed -> indeterminate; intent guards: operator_identified
+/* restore_fence (operator): pending, authorized, failed, parked -> indeterminate; intent guards: operator_identified
    couples: {'claim': 'fence_claim'} */
 inline ci_restore_fence() {
   d_step {
     ap = c_apv;
     if
-    :: (i_st[k] == pending || i_st[k] == authorized || i_st[k] == failed) &&
+    :: (i_st[k] == pending || i_st[k] == authorized || i_st[k] == failed || i_st[k] == parked) &&
        (op_named) &&
        (!(c_key == k && (c_st == reserved || c_st == sending)) || ((c_st == reserved || c_st == sending) && ((c_key != 0 && c_key == k)))) ->
        if :: (c_key == k && (c_st == reserved || c_st == sending)) -> t_app = 1 :: else -> t_app = 0 fi;
        t_from = i_st[k];
        /* effect fence_restore */ i_tok[k] = 0;
+       /* effect grant_reconcile */ skip;
        i_st[k] = indeterminate;
        if
        :: t_app ->
@@ -1708,14 +1709,14 @@ inline ev_resend() {
   }
 }
 
-/* restore_fence (operator, human): pending, authorized, failed -> indeterminate
+/* restore_fence (operator, human): pending, authorized, failed, parked -> indeterminate
    guards: operator_identified
-   effects: fence_restore
+   effects: fence_restore, grant_reconcile
    source: docs/design.md#the-restore-protocol (after a restore, work in flight or queued may already have been sent) */
 inline ev_restore_fence() {
   d_step {
     if
-    :: (state == pending || state == authorized || state == failed) &&
+    :: (state == pending || state == authorized || state == failed || state == parked) &&
        (op_named) ->
        t_from = state; t_lease = lease;
        /* effect fence_restore */
@@ -1724,7 +1725,13 @@ inline ev_restore_fence() {
        :: else -> skip
        fi;
        att_open = 0; lease = NONE; restore_unfenced = 0;
+       /* effect grant_reconcile */
+       if
+       :: max_rc < rc + 1 -> max_rc = rc + 1
+       :: else -> skip
+       fi;
        state = indeterminate;
+       assert(!P4_terminal_left_only_by_operator || !(t_from == published || t_from == parked) || op_named);
        if :: op_named -> tainted = 0; proof = 0 :: else -> skip fi;
        tainted = 1; proof = 0;
        printf("MSC: operator (named=%d): restore_fence (%e -> indeterminate)\n", op_named, t_from);
@@ -1912,7 +1919,7 @@ end_restore:
     state = b_state; att_open = b_att_open; row_tok = b_row_tok; gen = b_gen; gen_seq = b_gen_seq; row_rep = b_row_rep; lease = b_lease; attempt_count = b_attempt_count; max_attempts = b_max_attempts; rc = b_rc; max_rc = b_max_rc; epoch = b_epoch; fepoch = b_fepoch; rid = b_rid; txt_ours = b_txt_ours; holder = b_holder; g_begins = b_g_begins; g_cap = b_g_cap; g_inconclusive = b_g_inconclusive;
     b_state = 0; b_att_open = 0; b_row_tok = 0; b_gen = 0; b_gen_seq = 0; b_row_rep = 0; b_lease = 0; b_attempt_count = 0; b_max_attempts = 0; b_rc = 0; b_max_rc = 0; b_epoch = 0; b_fepoch = 0; b_rid = 0; b_txt_ours = 0; b_holder = 0; b_g_begins = 0; b_g_cap = 0; b_g_inconclusive = 0;
     repoch++; restored = 1; printf("MSC: database: restored from the backup\n");
-    restore_unfenced = (state == pending || state == authorized || state == failed);
+    restore_unfenced = (state == pending || state == authorized || state == failed || state == parked);
     for (t_i : 0 .. NOBODY) { wl[t_i] = 0 }; t_i = 0;
     tainted = 0; proof = 0
   }

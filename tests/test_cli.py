@@ -128,7 +128,7 @@ def test_bad_input_gives_clean_errors(capsys, db):
 
 def test_db_upgrade_and_spec_check(capsys, tmp_path):
     rc, out, _ = run(capsys, "db", "upgrade", "--database-url", f"sqlite:///{tmp_path / 'new.sqlite3'}")
-    assert rc == 0 and "0016" in out  # the newest migration
+    assert rc == 0 and "0017" in out  # the newest migration
     rc, out, _ = run(capsys, "spec", "check")
     assert rc == 0 and "all checks pass" in out
 

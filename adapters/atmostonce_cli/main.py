@@ -568,7 +568,7 @@ def cmd_declare_restore(args) -> int:
     _emit(
         args,
         {"restore_epoch": epoch, "fenced": fenced},
-        f"restore epoch now {epoch}; {fenced} open intents moved to indeterminate for reconciliation",
+        f"restore epoch now {epoch}; {fenced} open or parked intents moved to indeterminate for reconciliation",
     )
     return EXIT_OK
 

@@ -191,6 +191,14 @@ SQL_EFFECTS: dict[str, SqlEffect] = {
                 "max_attempts": sa.case((c.max_attempts > c.attempt_count, c.max_attempts), else_=c.attempt_count + 1)
             },
         ),
+        SqlEffect(
+            "grant_reconcile",
+            lambda c, now, dialect: {
+                "max_reconciles": sa.case(
+                    (c.max_reconciles > c.reconcile_count, c.max_reconciles), else_=c.reconcile_count + 1
+                )
+            },
+        ),
     )
 }
 """The SQL effect registry: effect name -> its SQL, exactly the table's catalogue."""

@@ -193,6 +193,12 @@ def grant_attempt(
     row["max_attempts"] = max(row["max_attempts"], row["attempt_count"] + 1)
 
 
+def grant_reconcile(
+    store: EffectStore, row: dict[str, Any], args: Mapping[str, Any], now: float, event: str, appends: list[Append]
+) -> None:
+    row["max_reconciles"] = max(row["max_reconciles"], row["reconcile_count"] + 1)
+
+
 EFFECTS: dict[str, EffectFn] = {
     f.__name__: f
     for f in (
@@ -210,6 +216,7 @@ EFFECTS: dict[str, EffectFn] = {
         bump_resend_epoch,
         bump_fence_epoch,
         grant_attempt,
+        grant_reconcile,
     )
 }
 """The model's effect registry: effect name -> implementation, exactly the table's catalogue."""

@@ -130,6 +130,7 @@ CLAIMS_INTENT_EFFECTS: Mapping[str, str] = MappingProxyType(
                 "bump_resend_epoch",
                 "bump_fence_epoch",
                 "grant_attempt",
+                "grant_reconcile",
             )
         },
     }

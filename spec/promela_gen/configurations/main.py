@@ -173,6 +173,11 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
             :: {human} && g_cap < g_begins + 1 -> g_cap = g_begins + 1
             :: else -> skip
             fi""",
+        "grant_reconcile": """
+            if
+            :: max_rc < rc + 1 -> max_rc = rc + 1
+            :: else -> skip
+            fi""",
     }
 )
 
