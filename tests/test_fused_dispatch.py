@@ -416,17 +416,20 @@ def test_the_one_statement_moves_write_what_the_moves_one_by_one_write(pg_store,
     assert verify_store(pg_store, [fused, stepwise]).breaks == ()
 
 
-@pytest.mark.postgres
-def test_publish_s_one_statement_writes_what_submit_and_the_moves_one_by_one_write(pg_store, monkeypatch):
-    """A publish on PostgreSQL creates the intent already authorized in one statement; what it leaves (intent,
-    history in order, attempt, hash chain) is what the creating statement and the two moves leave when run
-    one after the other, as a refused or taken key makes the store do, apart from each intent's own
-    identities and times."""
+def test_publish_creating_the_intent_authorized_writes_what_submit_and_the_moves_one_by_one_write(
+    sql_store, monkeypatch
+):
+    """A publish creates the intent already authorized (PostgreSQL: one statement; SQLite: one insert under
+    both moves' gates, then the rows they append, in one transaction); what it leaves (intent, history in
+    order, attempt, hash chain) is what the creating statement and the two moves leave when run one after the
+    other, as a refused or taken key makes the store do, apart from each intent's own identities and times.
+    The rows it returns (as created, as begun, as authorized) are the rows those moves would return: the same
+    times as the stored row where the moves keep them."""
     from atmostonce.audit import verify_store
     from atmostonce_sql.store import SqlStore
 
     def publish(text):
-        key, outcome = Dispatcher(pg_store, Platform(), CONFIG).publish("acct", "post", "room-1", {"text": text})
+        key, outcome = Dispatcher(sql_store, Platform(), CONFIG).publish("acct", "post", "room-1", {"text": text})
         assert outcome == "read_back.match"
         return key
 
@@ -436,15 +439,23 @@ def test_publish_s_one_statement_writes_what_submit_and_the_moves_one_by_one_wri
         SqlStore, "_create_and_apply", lambda self, sub, steps: seen.append(one(self, sub, steps)) or seen[-1]
     )
     created = publish("one statement")
-    assert seen[-1] is not None  # the one statement created and moved it
+    assert seen[-1] is not None  # created and moved in one commit
+    made, (begun, authorized) = seen[-1]
+    stored = sql_store.get(created)
+    assert (made.state, begun.state, authorized.state) == ("pending", "pending", "authorized")
+    assert made.created_at == begun.created_at == authorized.created_at == stored.created_at
+    assert (made.attempt_token, made.generation, made.attempt_count) == (None, None, 0)
+    assert (begun.attempt_token, begun.generation) == (authorized.attempt_token, authorized.generation)
+    assert begun.attempt_count == authorized.attempt_count == 1
+    assert begun.attempt_token == sql_store.attempts(created)[0].attempt_token
     monkeypatch.setattr(SqlStore, "_create_and_apply", lambda self, sub, steps: None)
     usual = publish("submit, then the moves")
 
     own = {"remote_id"}
-    assert _shape(pg_store, created, own) == _shape(pg_store, usual, own)
-    assert [h.event for h in pg_store.history(created)][:3] == ["submit", "begin", "authorize_dispatch"]
-    assert [h.seq for h in pg_store.history(created)] == sorted(h.seq for h in pg_store.history(created))
-    assert verify_store(pg_store, [created, usual]).breaks == ()
+    assert _shape(sql_store, created, own) == _shape(sql_store, usual, own)
+    assert [h.event for h in sql_store.history(created)][:3] == ["submit", "begin", "authorize_dispatch"]
+    assert [h.seq for h in sql_store.history(created)] == sorted(h.seq for h in sql_store.history(created))
+    assert verify_store(sql_store, [created, usual]).breaks == ()
 
 
 @pytest.mark.postgres

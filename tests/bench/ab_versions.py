@@ -10,11 +10,16 @@ them (the revision must read the same schema: it runs on the database this tree 
 second and client CPU per call for each. A measurement, not a test: nothing here asserts a speed.
 
     python tests/bench/ab_versions.py REV [--turns N] [--batch N]     # make bench-vs BASE=REV
+    python tests/bench/ab_versions.py REV --sqlite                    # make bench-vs BASE=REV SQLITE=1
+
+With ``--sqlite`` both processes publish into one new SQLite file (WAL, this tree's migrations), taking the
+same turns; only one writes at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -31,7 +36,7 @@ import atmostonce
 from atmostonce.runtime import Dispatcher
 from bench_dispatch import NoopTransport
 assert atmostonce.__file__.startswith(root), atmostonce.__file__
-store = atmostonce.open_store(url, pool_size=2, migrate=False)
+store = atmostonce.open_store(url, migrate=False, **({} if url.startswith("sqlite") else {"pool_size": 2}))
 d = Dispatcher(store, NoopTransport())
 tag = f"{root}-{time.time()}"
 for i in range(300):
@@ -51,7 +56,8 @@ def main() -> None:
     ap.add_argument("rev", help="the git revision to compare this working tree with")
     ap.add_argument("--turns", type=int, default=12, help="turns per version")
     ap.add_argument("--batch", type=int, default=200, help="publishes per turn")
-    ap.add_argument("--seed", type=int, default=10_000, help="settled rows pre-seeded")
+    ap.add_argument("--seed", type=int, default=10_000, help="settled rows pre-seeded (PostgreSQL)")
+    ap.add_argument("--sqlite", action="store_true", help="one SQLite file instead of PostgreSQL")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import psycopg
@@ -59,14 +65,22 @@ def main() -> None:
 
     from atmostonce_sql.pgserver import LocalCluster
 
-    with tempfile.TemporaryDirectory(prefix="aom-ab-") as tmp, LocalCluster(fsync=True) as pg:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="aom-ab-"))
         base = str(Path(tmp) / "base")
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", base, args.rev], check=True)
         try:
-            url = pg.create_database("ab")
-            aom_seed(url, args.seed)
-            with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
-                admin.execute("ANALYZE")
+            if args.sqlite:
+                import atmostonce
+
+                url = f"sqlite:///{tmp}/ab.sqlite3"
+                atmostonce.open_store(url).close()  # this tree's migrations
+            else:
+                pg = stack.enter_context(LocalCluster(fsync=True))
+                url = pg.create_database("ab")
+                aom_seed(url, args.seed)
+                with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as admin:
+                    admin.execute("ANALYZE")
             trees = {f"{args.rev} (git worktree)": base, "this working tree": str(ROOT)}
             procs = {
                 name: subprocess.Popen(
