@@ -71,7 +71,8 @@ quick: $(STAMP) spec-check lint typecheck docs-check
 	  --ignore=tests/test_sqlite_worker_crash_trial.py --ignore=tests/test_pg_worker_trial.py \
 	  --ignore=tests/test_send_answers_and_migrations_review.py --ignore=tests/test_concurrent_migration.py \
 	  --ignore=tests/test_schema_newer.py --ignore=tests/test_sqlite_lossable_review.py --ignore=tests/test_fair_queues.py \
-	  --ignore=tests/test_retry_spacing.py --ignore=tests/test_retry_spacing_review.py --ignore=tests/test_restore_parked.py
+	  --ignore=tests/test_retry_spacing.py --ignore=tests/test_retry_spacing_review.py --ignore=tests/test_restore_parked.py \
+	  --ignore=tests/test_review_restore_parked_and_sqlite_create.py
 
 ## the PostgreSQL HA cluster (etcd + two Patroni nodes on loopback, docs/deployment.md): the failover tests, then
 ## 4 worker processes publish HA_INTENTS intents while the primary is SIGKILLed HA_FAILOVERS times, with the rule

@@ -49,7 +49,8 @@
  * P7_budgets:
  *   The budgets are the budgets: attempts begun never exceed the cap (the initial cap plus one
  *   per operator grant), the machine parks for exhaustion only once the cap is spent, and
- *   inconclusive lookups never exceed the reconcile cap.
+ *   inconclusive lookups never exceed the reconcile cap (the initial cap plus what each declared
+ *   restore granted).
  * P8_records_tell_the_truth:
  *   A machine move into the `done` terminal state names (remote id) an object the platform
  *   really holds for the current resend epoch; a machine move into the retryable state happens
@@ -1092,6 +1093,7 @@ byte holder; /* ghost: the worker that opened the current attempt */
 byte g_begins; /* ghost (P7): attempts begun */
 byte g_cap; /* ghost (P7): the attempt cap granted */
 byte g_inconclusive; /* ghost (P7): inconclusive lookups */
+byte g_rc_cap; /* ghost (P7): the reconcile cap, raised by as much as a restore's grant raised the budget */
 
 /* ---- the world */
 byte repoch;               /* the database's restore epoch (durable: a restore advances it) */
@@ -1476,7 +1478,7 @@ inline ev_reconcile_not_found() {
        rc++;
        state = indeterminate;
        tainted = 1; proof = 0;
-       g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES);
+       g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap);
        printf("MSC: reconciler: reconcile_not_found (%e -> indeterminate)\n", t_from);
        t_from = 0; t_lease = 0; ok = 1
     :: else -> ok = 0
@@ -1502,7 +1504,7 @@ inline ev_reconcile_unproven() {
        fepoch++;
        state = indeterminate;
        tainted = 1; proof = 0;
-       g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES);
+       g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap);
        printf("MSC: reconciler: reconcile_unproven (%e -> indeterminate)\n", t_from);
        t_from = 0; t_lease = 0; ok = 1
     :: else -> ok = 0
@@ -1727,7 +1729,7 @@ inline ev_restore_fence() {
        att_open = 0; lease = NONE; restore_unfenced = 0;
        /* effect grant_reconcile */
        if
-       :: max_rc < rc + 1 -> max_rc = rc + 1
+       :: max_rc < rc + 1 -> g_rc_cap = g_rc_cap + rc + 1 - max_rc; max_rc = rc + 1
        :: else -> skip
        fi;
        state = indeterminate;
@@ -1909,15 +1911,15 @@ end_done:
  * database) advances; every lease is void. Until the operator declares the restore fence, no worker
  * starts a new attempt; stragglers that were running before the restore may still act. */
 proctype dba() {
-  mtype:state b_state; bit b_att_open; byte b_row_tok; byte b_gen; byte b_gen_seq; byte b_row_rep; byte b_lease; byte b_attempt_count; byte b_max_attempts; byte b_rc; byte b_max_rc; byte b_epoch; byte b_fepoch; byte b_rid; bit b_txt_ours; byte b_holder; byte b_g_begins; byte b_g_cap; byte b_g_inconclusive;
-  atomic { b_state = state; b_att_open = att_open; b_row_tok = row_tok; b_gen = gen; b_gen_seq = gen_seq; b_row_rep = row_rep; b_lease = lease; b_attempt_count = attempt_count; b_max_attempts = max_attempts; b_rc = rc; b_max_rc = max_rc; b_epoch = epoch; b_fepoch = fepoch; b_rid = rid; b_txt_ours = txt_ours; b_holder = holder; b_g_begins = g_begins; b_g_cap = g_cap; b_g_inconclusive = g_inconclusive; printf("MSC: database: backup taken\n") };
+  mtype:state b_state; bit b_att_open; byte b_row_tok; byte b_gen; byte b_gen_seq; byte b_row_rep; byte b_lease; byte b_attempt_count; byte b_max_attempts; byte b_rc; byte b_max_rc; byte b_epoch; byte b_fepoch; byte b_rid; bit b_txt_ours; byte b_holder; byte b_g_begins; byte b_g_cap; byte b_g_inconclusive; byte b_g_rc_cap;
+  atomic { b_state = state; b_att_open = att_open; b_row_tok = row_tok; b_gen = gen; b_gen_seq = gen_seq; b_row_rep = row_rep; b_lease = lease; b_attempt_count = attempt_count; b_max_attempts = max_attempts; b_rc = rc; b_max_rc = max_rc; b_epoch = epoch; b_fepoch = fepoch; b_rid = rid; b_txt_ours = txt_ours; b_holder = holder; b_g_begins = g_begins; b_g_cap = g_cap; b_g_inconclusive = g_inconclusive; b_g_rc_cap = g_rc_cap; printf("MSC: database: backup taken\n") };
 end_restore:
   atomic {
 #ifndef RESTORE_ANYTIME
     !ANY_IN_GAP ->   /* opened only once every send lease issued before the restore has run out */
 #endif
-    state = b_state; att_open = b_att_open; row_tok = b_row_tok; gen = b_gen; gen_seq = b_gen_seq; row_rep = b_row_rep; lease = b_lease; attempt_count = b_attempt_count; max_attempts = b_max_attempts; rc = b_rc; max_rc = b_max_rc; epoch = b_epoch; fepoch = b_fepoch; rid = b_rid; txt_ours = b_txt_ours; holder = b_holder; g_begins = b_g_begins; g_cap = b_g_cap; g_inconclusive = b_g_inconclusive;
-    b_state = 0; b_att_open = 0; b_row_tok = 0; b_gen = 0; b_gen_seq = 0; b_row_rep = 0; b_lease = 0; b_attempt_count = 0; b_max_attempts = 0; b_rc = 0; b_max_rc = 0; b_epoch = 0; b_fepoch = 0; b_rid = 0; b_txt_ours = 0; b_holder = 0; b_g_begins = 0; b_g_cap = 0; b_g_inconclusive = 0;
+    state = b_state; att_open = b_att_open; row_tok = b_row_tok; gen = b_gen; gen_seq = b_gen_seq; row_rep = b_row_rep; lease = b_lease; attempt_count = b_attempt_count; max_attempts = b_max_attempts; rc = b_rc; max_rc = b_max_rc; epoch = b_epoch; fepoch = b_fepoch; rid = b_rid; txt_ours = b_txt_ours; holder = b_holder; g_begins = b_g_begins; g_cap = b_g_cap; g_inconclusive = b_g_inconclusive; g_rc_cap = b_g_rc_cap;
+    b_state = 0; b_att_open = 0; b_row_tok = 0; b_gen = 0; b_gen_seq = 0; b_row_rep = 0; b_lease = 0; b_attempt_count = 0; b_max_attempts = 0; b_rc = 0; b_max_rc = 0; b_epoch = 0; b_fepoch = 0; b_rid = 0; b_txt_ours = 0; b_holder = 0; b_g_begins = 0; b_g_cap = 0; b_g_inconclusive = 0; b_g_rc_cap = 0;
     repoch++; restored = 1; printf("MSC: database: restored from the backup\n");
     restore_unfenced = (state == pending || state == authorized || state == failed || state == parked);
     for (t_i : 0 .. NOBODY) { wl[t_i] = 0 }; t_i = 0;
@@ -1929,7 +1931,7 @@ end_restore:
 init {
   atomic {
     /* submit (client): effects create */
-    state = pending; attempt_count = 0; max_attempts = MAX_ATTEMPTS; att_open = 0; gen = 0; row_tok = 0; row_rep = 0; lease = NONE; rid = 0; rc = 0; max_rc = MAX_RECONCILES; epoch = 0; fepoch = 0; g_cap = MAX_ATTEMPTS;
+    state = pending; attempt_count = 0; max_attempts = MAX_ATTEMPTS; att_open = 0; gen = 0; row_tok = 0; row_rep = 0; lease = NONE; rid = 0; rc = 0; max_rc = MAX_RECONCILES; epoch = 0; fepoch = 0; g_cap = MAX_ATTEMPTS; g_rc_cap = MAX_RECONCILES;
     holder = NOBODY;
     if :: FENCED = 1 :: FENCED = 0 fi;
     run worker(0); run worker(1); run sweeper(); run reconciler(); run operator(); run clock(); run platform();

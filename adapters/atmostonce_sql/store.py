@@ -263,7 +263,10 @@ class SqlStore(SqlClaims, Operations):
             epoch = fenced = None
             if kind == "failover" and self.ha == "async":
                 # the promotion may have lost acknowledged writes: a restore nobody declared
-                epoch, fenced = self._declare_restore_in(conn, "failover", f"failover to timeline {timeline}")
+                # no person declared it: a terminal state (a person's parked) is left to a person
+                epoch, fenced = self._declare_restore_in(
+                    conn, "failover", f"failover to timeline {timeline}", by_person=False
+                )
             conn.execute(
                 sa.insert(failovers).values(
                     timeline=timeline,
@@ -1130,10 +1133,15 @@ class SqlStore(SqlClaims, Operations):
         with self._tx() as conn:
             return self._declare_restore_in(conn, who, None)
 
-    def _declare_restore_in(self, conn: Connection, who: str, reason: str | None) -> tuple[int, int]:
+    def _declare_restore_in(
+        self, conn: Connection, who: str, reason: str | None, by_person: bool = True
+    ) -> tuple[int, int]:
         """:meth:`_declare_restore`'s work inside the caller's transaction (also the ``async`` HA mode's fence of a
-        failover, whose history rows say so in ``reason``)."""
+        failover, whose history rows say so in ``reason``). Not ``by_person`` (the failover's fence, which no
+        person declared), it leaves intents in a terminal state of the table as they are: no machine moves an
+        intent out of one."""
         ev = self.table.event(EVENT.restore_fence)
+        sources = [s for s in ev.sources if by_person or s not in self.table.terminal_states]
         stmts = self._statements(ev, coupled=True)
         fenced = 0
         resync_sequences(conn)
@@ -1147,9 +1155,7 @@ class SqlStore(SqlClaims, Operations):
         )
         args = {"operator": who, "reason": f"restore epoch {epoch}" + (f": {reason}" if reason else "")}
         keys = conn.execute(
-            sa.select(intents.c.key)
-            .where(intents.c.state.in_(ev.sources))
-            .order_by(intents.c.created_at, intents.c.key)
+            sa.select(intents.c.key).where(intents.c.state.in_(sources)).order_by(intents.c.created_at, intents.c.key)
         ).scalars()
         for key in list(keys):
             params = self._params(ev, key, args, conn)

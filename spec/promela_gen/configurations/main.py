@@ -103,7 +103,8 @@ INTENT_PROPERTIES: Mapping[str, str] = MappingProxyType(
         "P7_budgets": (
             "The budgets are the budgets: attempts begun never exceed the cap (the initial cap plus "
             "one per operator grant), the machine parks for exhaustion only once the cap is spent, "
-            "and inconclusive lookups never exceed the reconcile cap."
+            "and inconclusive lookups never exceed the reconcile cap (the initial cap plus what each "
+            "declared restore granted)."
         ),
         "P8_records_tell_the_truth": (
             "A machine move into the `done` terminal state names (remote id) an object the "
@@ -128,7 +129,7 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
         "create": """
             state = {initial}; attempt_count = 0; max_attempts = MAX_ATTEMPTS; att_open = 0;
             gen = 0; row_tok = 0; row_rep = 0; lease = NONE; rid = 0; rc = 0; max_rc = MAX_RECONCILES;
-            epoch = 0; fepoch = 0; g_cap = MAX_ATTEMPTS""",
+            epoch = 0; fepoch = 0; g_cap = MAX_ATTEMPTS; g_rc_cap = MAX_RECONCILES""",
         "open_attempt": """
             attempt_count++; gen_seq++; gen = gen_seq; tok_seq++; row_tok = tok_seq; row_rep = repoch;
             att_open = 1; lease = LIVE; rid = 0;
@@ -175,7 +176,7 @@ EFFECTS: Mapping[str, str] = MappingProxyType(
             fi""",
         "grant_reconcile": """
             if
-            :: max_rc < rc + 1 -> max_rc = rc + 1
+            :: max_rc < rc + 1 -> g_rc_cap = g_rc_cap + rc + 1 - max_rc; max_rc = rc + 1
             :: else -> skip
             fi""",
     }
@@ -232,11 +233,11 @@ ACTION_EVIDENCE: Mapping[str, str] = MappingProxyType(
 # Checks attached to the outcome an event records ('' for none beyond the generic checks).
 OUTCOME_CHECKS: Mapping[str, str] = MappingProxyType(
     {
-        "lookup.not_found": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)",
+        "lookup.not_found": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)",
         "lookup.not_found_before_restore": (
-            "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)"
+            "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)"
         ),
-        "lookup.differs": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= MAX_RECONCILES)",
+        "lookup.differs": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)",
         "retry.exhausted": "assert(!P7_budgets || g_begins >= g_cap)",
         **{
             o: ""
@@ -335,6 +336,7 @@ ROW = (
     ("g_begins", "byte", "ghost (P7): attempts begun"),
     ("g_cap", "byte", "ghost (P7): the attempt cap granted"),
     ("g_inconclusive", "byte", "ghost (P7): inconclusive lookups"),
+    ("g_rc_cap", "byte", "ghost (P7): the reconcile cap, raised by as much as a restore's grant raised the budget"),
 )
 
 
