@@ -419,12 +419,12 @@ def test_the_one_statement_moves_write_what_the_moves_one_by_one_write(pg_store,
 def test_publish_creating_the_intent_authorized_writes_what_submit_and_the_moves_one_by_one_write(
     sql_store, monkeypatch
 ):
-    """A publish creates the intent already authorized (PostgreSQL: one statement; SQLite: one insert under
-    both moves' gates, then the rows they append, in one transaction); what it leaves (intent, history in
-    order, attempt, hash chain) is what the creating statement and the two moves leave when run one after the
-    other, as a refused or taken key makes the store do, apart from each intent's own identities and times.
-    The rows it returns (as created, as begun, as authorized) are the rows those moves would return: the same
-    times as the stored row where the moves keep them."""
+    """A publish creates the intent already authorized in one commit (PostgreSQL: one statement; SQLite: the
+    creating statement and the two moves in one transaction); what it leaves (intent, history in order,
+    attempt, hash chain) is what the creating statement and the two moves leave in commits of their own, as a
+    refused or taken key makes the store do, apart from each intent's own identities and times. The rows it
+    returns (as created, as begun, as authorized) are the rows those moves return: the same creation time as
+    the stored row."""
     from atmostonce.audit import verify_store
     from atmostonce_sql.store import SqlStore
 

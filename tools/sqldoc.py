@@ -165,23 +165,6 @@ def render_doc() -> str:
         "",
         *_block(render(creating["one"], "postgresql")),
     ]
-    made = lite.created_as_moved(t.event(EVENT.begin), t.event(EVENT.authorize_dispatch), True)
-    lines += [
-        f"### `{EVENT.submit}`, `{EVENT.begin}` then `{EVENT.authorize_dispatch}` (SQLite)",
-        "",
-        "`Statements.created_as_moved`, in one write transaction: the insert reads both gates on the rows the "
-        "creation and `begin` would leave (`v`, `s`) and inserts the row as `authorize_dispatch` leaves it, or "
-        "nothing; then the rows as created and as begun (for the caller), and the creation's history row, "
-        "`begin`'s attempt and history row, `authorize_dispatch`'s text claim and history row, each statement "
-        "reading the clock as the inserted row's `updated_at`. The generation (`:p_new_generation`) is drawn "
-        "in the same transaction first.",
-        "",
-        "The insert:",
-        "",
-        *_block(render(made["insert"], "sqlite")),
-    ]
-    for i, stmt in enumerate(made["appends"]):
-        lines += [f"Append {i + 1}:", "", *_block(render(stmt, "sqlite"))]
     return "\n".join(lines).rstrip() + "\n"
 
 

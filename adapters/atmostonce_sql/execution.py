@@ -646,22 +646,6 @@ class Executor:
         finally:
             cur.close()
 
-    def run_sqlite_all(
-        self, conn: Connection, stmts: dict[str, Any], name: Any, params: Mapping[str, Any]
-    ) -> list[dict[str, Any]]:
-        """SQLite: :meth:`run_sqlite`, every row it returns (values as SQLite holds them)."""
-        _, sql, _ = self.compiled(stmts, name)
-        try:
-            raw: Any = conn.connection.dbapi_connection
-            cur = raw.execute(sql, self.arguments(stmts, name)(params))
-        except Exception as exc:
-            raise sa.exc.DBAPIError.instance(sql, dict(params), exc, type(exc)) from exc
-        try:
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-        finally:
-            cur.close()
-
     def pipeline(self, conn: Connection, lossable: bool, body: Callable[[Pipeline], None]) -> list[dict[str, Any]]:
         """PostgreSQL: ``BEGIN``, what ``body`` queues on the :class:`Pipeline`, and ``COMMIT``, sent through
         psycopg's pipeline on the autocommit connection ``conn`` (with ``lossable``, the transaction commits

@@ -294,12 +294,28 @@ class Statements:
             # and the store runs the moves in a transaction that waits for it before their guards are read
             where1.append(sa.or_(c.text_hash.is_(None), text_claim_lock(c.account, c.text_hash, wait=False)))
 
+        def as_column(name: str, col: Any, values: Mapping[str, Any]) -> Any:
+            v = values.get(name, col)
+            if not isinstance(v, sa.ColumnElement):
+                v = sa.cast(sa.null(), col.type) if v is None else sa.literal(v, col.type)
+            return v.label(name)
+
         s: Any
         v: Any
         if creating:
             # the row the creating event would insert, its caller values renamed :p0_<name>; first's gate and SET
             # read it where they would read the stored row
-            v, reads_v = _created_row(self._created_values(), cte=True)
+            created = _renamed(self._created_values(), "p0_")
+            created = {name: created.get(name) for name in c.keys()}  # a column it does not set: NULL, its default
+            v = sa.select(*[as_column(n, col, created) for n, col in c.items()]).cte("v")
+            on_v: dict[Any, Any] = {col: v.c[name] for name, col in c.items()}
+
+            def on_row(element: Any, **kw: Any) -> Any:
+                return on_v.get(element)
+
+            def reads_v(expr: Any) -> Any:
+                return visitors.replacement_traverse(expr, {}, on_row)
+
             where1 = [reads_v(w) for w in where1]
             values1 = {k: reads_v(x) if isinstance(x, sa.ClauseElement) else x for k, x in values1.items()}
             first_row = {name: values1.get(name, v.c[name]) for name in c.keys()}
@@ -309,16 +325,39 @@ class Statements:
             # (SQLSTATE 55P03) and the store creates and moves the intent the usual way
             nowait = sa.select(sa.func.set_config("lock_timeout", "1", True).label("lt")).cte("nowait")
             where1.append(sa.select(nowait.c.lt).scalar_subquery().is_not(None))
-            s = sa.select(*[_as_column(n, col, first_row) for n, col in c.items()], store_epoch()).where(*where1)
+            s = sa.select(*[as_column(n, col, first_row) for n, col in c.items()], store_epoch()).where(*where1)
             s = s.cte("s")
         else:
             s = (
-                sa.select(*[_as_column(name, col, values1) for name, col in c.items()], store_epoch())
+                sa.select(*[as_column(name, col, values1) for name, col in c.items()], store_epoch())
                 .where(*where1)
                 .with_for_update(of=intents, nowait=True)
                 .cte("s")
             )
-        adapt = _second_reads(s, lease_from_first)
+        lease: dict[str, Any] = {
+            "p_attempt_token": s.c.attempt_token,
+            "p_generation": s.c.generation,
+            "p_epoch": sa.func.coalesce(s.c.epoch, 0),
+        }
+        # second's appends read the moved row (m2 below); the lease it presented is s's, as one-row subqueries
+        lease_in_appends = {k: sa.select(v).scalar_subquery() for k, v in lease.items()}
+
+        def second_reads_s(element: Any, lease: Mapping[str, Any]) -> Any:
+            if isinstance(element, sa.Column) and element.table is intents:
+                return s.c[element.name]
+            if isinstance(element, sa.BindParameter) and element.key.startswith("p_"):
+                if lease_from_first and element.key in lease:
+                    return lease[element.key]
+                return sa.bindparam(f"p2_{element.key[2:]}", type_=element.type, required=element.required)
+            return None
+
+        def adapt(expr: Any, stop: Sequence[Any] = ()) -> Any:
+            if not isinstance(expr, sa.ClauseElement):
+                return expr
+            presented = lease_in_appends if stop else lease
+            return visitors.replacement_traverse(
+                expr, {"stop_on": list(stop)}, lambda element, **kw: second_reads_s(element, presented)
+            )
 
         where2, values2 = self._gate(second, c.key, off, False)  # where2[0], the key, is the join to s
         ctes: list[Any] = []  # first's effects' rows, then its history row, as a single move writes them
@@ -332,7 +371,7 @@ class Statements:
                 insert(intents)
                 .from_select(
                     list(c.keys()),
-                    sa.select(*[_as_column(n, col, row) for n, col in c.items()]).where(*map(adapt, where2[1:])),
+                    sa.select(*[as_column(n, col, row) for n, col in c.items()]).where(*map(adapt, where2[1:])),
                 )
                 .on_conflict_do_nothing(index_elements=["key"])
                 .returning(*intents.c, store_epoch())
@@ -377,77 +416,6 @@ class Statements:
             steps[-1] = steps[-1].where(sa.select(cfg.c.sc).scalar_subquery().is_not(None))
         one = sa.union_all(*steps).add_cte(*ctes)
         return {"one": sa.select(*one.subquery("r").c).order_by(sa.literal_column("step"))}
-
-    def created_as_moved(
-        self, first: Any, second: Any, lease_from_first: bool, disabled: Iterable[str] = ()
-    ) -> dict[str, Any]:
-        """SQLite: a new intent created as the moves ``first`` then ``second`` leave it, the counterpart of
-        :meth:`fused` with ``creating`` (docs/design.md#two-durable-points-per-send), run in one write
-        transaction instead of inserting the intent and moving it twice.
-
-        ``insert``: ``INSERT INTO aom_intents SELECT <the row as second leaves it> WHERE <first's gate on the row
-        the creating event would insert> AND <second's gate on the row as first leaves it> ON CONFLICT (key) DO
-        NOTHING RETURNING *``: the same guard fragments as the moves' conditional writes, read on those rows
-        (each caller value of the creation named ``:p0_<name>``, second's ``:p2_<name>``). No row: the key is
-        taken or a gate refused, and nothing was written. ``rows``: the row as created (``step`` -1) and as
-        ``first`` leaves it (0), and ``appends``: the creation's history row, ``first``'s rows and history row,
-        ``second``'s, in that order, as the creating statement and the two moves write them one after the other.
-        Both read the clock as the inserted row's ``updated_at``: one reading of the database clock for the
-        whole creation, as the stepwise moves would each have read it (SQLite's ``now`` is fixed within one
-        statement, not across them), so the rows returned are the ones the insert computed."""
-        assert self.dialect == "sqlite", "PostgreSQL creates and moves an intent in one statement (fused)"
-        for ev in (first, second):
-            assert reconciliation_step(self.table, ev.name) is None or ev is second, ev.name
-        off = frozenset(disabled)
-        c = intents.c
-        stored = sa.select(intents).where(c.key == sa.bindparam("p_key")).subquery("u")
-        clock = sa.select(c.updated_at).where(c.key == sa.bindparam("p_key")).scalar_subquery()
-        at = Statements(self.table, self.dialect, clock, self.approval_table)
-
-        def rows(st: Statements, gate: bool) -> tuple[Any, Any]:
-            """``v``, the row the creating event inserts, and ``s``, first's row on it (with ``gate``, only
-            where first's gate holds on ``v``), with ``st``'s clock."""
-            where1, values1 = st._gate(first, sa.bindparam("p_key"), off, False)
-            v, reads_v = _created_row(st._created_values(), cte=False)
-            values1 = {k: reads_v(x) if isinstance(x, sa.ClauseElement) else x for k, x in values1.items()}
-            first_row = {name: values1.get(name, v.c[name]) for name in c.keys()}
-            s = sa.select(*[_as_column(n, col, first_row) for n, col in c.items()])
-            return v, (s.where(*[reads_v(w) for w in where1]) if gate else s).subquery("s")
-
-        from sqlalchemy.dialects.sqlite import insert
-
-        _, s = rows(self, gate=True)
-        adapt = _second_reads(s, lease_from_first)
-        where2, values2 = self._gate(second, c.key, off, False)  # where2[0], the key, is the row itself
-        row = {name: s.c[name] for name in c.keys()} | {k: adapt(x) for k, x in values2.items()}
-        ins = (
-            insert(intents)
-            .from_select(
-                list(c.keys()),
-                # SQLite reads "SELECT ... ON CONFLICT" as a join's ON unless the SELECT has a WHERE
-                sa.select(*[_as_column(n, col, row) for n, col in c.items()]).where(
-                    *[adapt(w) for w in where2[1:]], sa.true()
-                ),
-            )
-            .on_conflict_do_nothing(index_elements=["key"])
-            .returning(*intents.c, store_epoch())
-        )
-        # what the later statements read: the same rows, the clock read as the inserted row's updated_at
-        v_at, s_at = rows(at, gate=False)
-        adapt_at = _second_reads(s_at, lease_from_first)
-        creator = next(e for e in self.table.events.values() if e.creates)
-        returned = sa.union_all(
-            sa.select(sa.literal(-1).label("step"), *v_at.c, store_epoch()),
-            sa.select(sa.literal(0).label("step"), *s_at.c, store_epoch()),
-        ).subquery("r")
-        appends: list[Any] = [_renamed(at.history_insert(creator, v_at, opens=False), "p0_", stop=[v_at])]
-        appends += at.appends(first, s_at)
-        appends += [adapt_at(stmt, stop=[stored, clock]) for stmt in at.appends(second, stored)]
-        return {
-            "insert": ins,
-            "rows": sa.select(*returned.c).order_by(returned.c.step),
-            "appends": appends,
-        }
 
     def appends(
         self, ev: Any, src: Any, returning: bool = True, prefix: str = "", after: Any = None
@@ -558,67 +526,6 @@ class Statements:
             ["seq", *names, "prev_hash", "row_hash"],
             sa.select(v.c.seq, *[v.c[n] for n in names], v.c.prev_hash, row_hash),
         )
-
-
-def _as_column(name: str, col: Any, values: Mapping[str, Any]) -> Any:
-    """``values[name]`` (the column itself when absent; a Python constant as a typed literal) labelled ``name``."""
-    v = values.get(name, col)
-    if not isinstance(v, sa.ColumnElement):
-        v = sa.cast(sa.null(), col.type) if v is None else sa.literal(v, col.type)
-    return v.label(name)
-
-
-def _created_row(values: Mapping[str, Any], cte: bool) -> tuple[Any, Any]:
-    """``v``, the row the creating event would insert (``values``, :meth:`Statements._created_values`, each
-    caller value renamed ``:p0_<name>``; a column it does not set is NULL, its default), as a CTE or a
-    subquery, and ``reads_v(expr)``: ``expr`` reading ``v`` where it read the stored row."""
-    created = _renamed(values, "p0_")
-    c = intents.c
-    row = sa.select(*[_as_column(n, col, {name: created.get(name) for name in c.keys()}) for n, col in c.items()])
-    v = row.cte("v") if cte else row.subquery("v")
-    on_v: dict[Any, Any] = {col: v.c[name] for name, col in c.items()}
-
-    def on_row(element: Any, **kw: Any) -> Any:
-        return on_v.get(element)
-
-    def reads_v(expr: Any) -> Any:
-        return visitors.replacement_traverse(expr, {}, on_row)
-
-    return v, reads_v
-
-
-def _second_reads(s: Any, lease_from_first: bool) -> Any:
-    """How the second of two moves made together reads: every column of the intent as ``s`` (the row as the
-    first move leaves it) has it, every value it presents as ``:p2_<name>``, and, with ``lease_from_first``, the
-    lease it presents (token, generation, epoch) as the one ``s`` holds, as :func:`atmostonce.store.lease_of`
-    reads it from the begun row. Returns ``adapt(expr, stop=())``: ``expr`` so read, leaving what it reads
-    through ``stop`` (the moved row of the statements that append) as it is; there the lease is read as
-    one-row subqueries of ``s``."""
-    lease: dict[str, Any] = {
-        "p_attempt_token": s.c.attempt_token,
-        "p_generation": s.c.generation,
-        "p_epoch": sa.func.coalesce(s.c.epoch, 0),
-    }
-    lease_in_appends = {k: sa.select(v).scalar_subquery() for k, v in lease.items()}
-
-    def reads_s(element: Any, presented: Mapping[str, Any]) -> Any:
-        if isinstance(element, sa.Column) and element.table is intents:
-            return s.c[element.name]
-        if isinstance(element, sa.BindParameter) and element.key.startswith("p_"):
-            if lease_from_first and element.key in presented:
-                return presented[element.key]
-            return sa.bindparam(f"p2_{element.key[2:]}", type_=element.type, required=element.required)
-        return None
-
-    def adapt(expr: Any, stop: Sequence[Any] = ()) -> Any:
-        if not isinstance(expr, sa.ClauseElement):
-            return expr
-        presented = lease_in_appends if stop else lease
-        return visitors.replacement_traverse(
-            expr, {"stop_on": list(stop)}, lambda element, **kw: reads_s(element, presented)
-        )
-
-    return adapt
 
 
 def _renamed(element: Any, prefix: str, stop: Sequence[Any] = ()) -> Any:

@@ -409,32 +409,19 @@ class SqlStore(SqlClaims, Operations):
     def _create_and_apply_sqlite(
         self, stmts: dict[str, Any], params: dict[str, Any], sub: Submission, steps: list[tuple[str, Any]]
     ) -> tuple[Intent, list[Intent]] | None:
-        """SQLite: the intent inserted as the two moves leave it, under both moves' gates, then the rows the
-        creation and the moves append, in one write transaction (:meth:`Statements.created_as_moved`)."""
-        (first, args1), (second, args2) = steps
-        ev, ev2 = self.table.event(first), self.table.event(second)
-        chained = isinstance(args2, UnderNewLease)
-        cache_key = ("<created_as_moved>", first, second, chained, self._disabled_guards)
-        made = self._cache.get(cache_key)
-        if made is None:
-            made = self._cache[cache_key] = self._sql.created_as_moved(ev, ev2, chained, self._disabled_guards)
         try:
             with self._tx() as conn:
-                values = self._params(ev, sub.key, args1, conn)
-                values |= self._params(ev2, sub.key, args2.fixed if chained else args2, None, "p2_")
-                values |= {f"p0_{k[2:]}": v for k, v in params.items()}
-                inserted = self._exec.run_sqlite(conn, made, "insert", values)
-                if inserted is None:  # the key is taken, or a gate refused: nothing was written
+                inserted = self._exec.run_sqlite(conn, stmts, "insert", params)
+                if inserted is None:
                     raise _Undo
-                rows = self._exec.run_sqlite_all(conn, made, "rows", values)
-                for i in range(len(made["appends"])):
-                    self._exec.run_sqlite(conn, made, ("appends", i), values, fetch=False)
-        except (_Undo, ConstraintRefused):
+                self._exec.run_sqlite(conn, stmts, "history", params, fetch=False)
+                moved: list[Intent] = []
+                for event, args in steps:
+                    ev = self.table.event(event)
+                    moved.append(self._apply_in(conn, ev, sub.key, step_args(args, moved[-1] if moved else None)))
+        except (_Undo, Rejected, ConstraintRefused):
             return None  # rolled back: the caller submits and moves the intent the usual way
-        created, begun = (self._intent(r) for r in rows)
-        if chained:
-            args2(begun)  # the arguments as the stepwise path builds them, for whoever watches (``seen``)
-        return created, [begun, self._intent(inserted)]
+        return self._intent(inserted), moved
 
     # -- statements: built once per event (and set of disabled guards), executed with parameters --
     def _guard_values(self, key: str, args: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
