@@ -234,9 +234,7 @@ ACTION_EVIDENCE: Mapping[str, str] = MappingProxyType(
 OUTCOME_CHECKS: Mapping[str, str] = MappingProxyType(
     {
         "lookup.not_found": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)",
-        "lookup.not_found_before_restore": (
-            "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)"
-        ),
+        "lookup.not_found_before_restore": ("g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)"),
         "lookup.differs": "g_inconclusive++; assert(!P7_budgets || g_inconclusive <= g_rc_cap)",
         "retry.exhausted": "assert(!P7_budgets || g_begins >= g_cap)",
         **{
