@@ -145,6 +145,30 @@ def test_declared_restore_fences_old_leases_and_resends_nothing(any_store, platf
     assert sink.creates_by_key == dict.fromkeys(keys, 1)
 
 
+def test_declared_restore_gives_a_parked_intent_one_more_lookup_and_resends_nothing(any_store, platform):
+    """A parked intent may have been settled by a person and sent after the backup: the restore moves it to
+    indeterminate with one lookup more than it has made (docs/design.md#what-a-restore-cannot-know); a miss for
+    an attempt from before the restore proves nothing, so it parks again and nothing is sent."""
+    sink, transport = platform
+    s = any_store.store
+    config = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, first_look_after=0)
+    it, _ = to_state(s, "indeterminate", text="parked after its lookups", max_reconciles=1)
+    looked = s.reconcile_not_found(it.plan)  # the one lookup its budget allows
+    s.park_unreconcilable(looked.plan, reason="reconcile.budget_spent")
+    spent = s.get(it.key)
+    assert spent.state == "parked" and spent.reconcile_count == spent.max_reconciles == 1
+    requests = sink.requests
+
+    _, fenced = s.declare_restore(operator="ops")
+
+    fenced_row = s.get(it.key)
+    assert fenced == 1 and fenced_row.state == "indeterminate"
+    assert (fenced_row.reconcile_count, fenced_row.max_reconciles) == (1, 2)
+    assert Reconciler(s, transport, config).run() == {"lookup.not_found_before_restore": 1}
+    assert Reconciler(s, transport, config).run() == {"reconcile.budget_spent": 1}
+    assert s.get(it.key).state == "parked" and sink.requests == requests
+
+
 def test_restore_epoch_guard_refuses_a_lease_from_an_older_epoch(any_store):
     s = any_store.store
     it = submit(s)
