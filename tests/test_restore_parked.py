@@ -61,18 +61,20 @@ def history_events(capsys, url: str, key: str) -> list[str]:
     return [h["event"] for h in doc["history"]]
 
 
-def restore_sqlite(tmp_path: Path) -> None:
-    """The backup put in service over the store (no process has it open: every CLI command closed it)."""
+def parked_backed_up_then_sent_then_restored(tmp_path: Path, capsys, url: str, profile: Path, api, text: str) -> str:
+    """SQLite: an intent parked by a person, a backup, the person's settling and the post it made, then the
+    backup put in service over the store (no process has it open: every CLI command closed it)."""
+    key = to_parked_by_operator(capsys, url, profile, api, text)
+    sqlite_backup(tmp_path / "outbox.sqlite3", tmp_path / "backup.sqlite3")
+    settle_and_post(capsys, url, profile, key)
     (tmp_path / "backup.sqlite3").replace(tmp_path / "outbox.sqlite3")
+    return key
 
 
 def test_sqlite_a_parked_intent_settled_and_posted_after_the_backup_is_found_not_posted_again(
     tmp_path, capsys, sqlite_url, profile, api: PostsApi
 ):
-    key = to_parked_by_operator(capsys, sqlite_url, profile, api, "parked then sent")
-    sqlite_backup(tmp_path / "outbox.sqlite3", tmp_path / "backup.sqlite3")
-    settle_and_post(capsys, sqlite_url, profile, key)
-    restore_sqlite(tmp_path)
+    key = parked_backed_up_then_sent_then_restored(tmp_path, capsys, sqlite_url, profile, api, "parked then sent")
     assert state(capsys, sqlite_url, key) == "parked"  # what the backup holds
 
     declared, end = declare_and_work(capsys, sqlite_url, profile, key)
@@ -87,10 +89,7 @@ def test_sqlite_a_parked_intent_settled_and_posted_after_the_backup_is_found_not
 def test_sqlite_a_fenced_parked_intent_the_lookup_cannot_settle_parks_again_with_the_restore_in_its_history(
     tmp_path, capsys, sqlite_url, profile, api: PostsApi
 ):
-    key = to_parked_by_operator(capsys, sqlite_url, profile, api, "parked, lookup blind")
-    sqlite_backup(tmp_path / "outbox.sqlite3", tmp_path / "backup.sqlite3")
-    settle_and_post(capsys, sqlite_url, profile, key)
-    restore_sqlite(tmp_path)
+    key = parked_backed_up_then_sent_then_restored(tmp_path, capsys, sqlite_url, profile, api, "parked, blind")
     posts_before = api.create_requests
 
     api.hide_lookup = True  # the platform's listing does not show the post: a miss, which proves nothing here
