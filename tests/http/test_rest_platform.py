@@ -153,3 +153,43 @@ def test_a_wrapped_lookup_without_its_collection_pointer_is_an_error_never_not_f
     with HttpTransport(_paged(paged_server, lookup_collection_pointer="/items")) as t:  # a number, not an array
         with pytest.raises(HttpTransportError):
             t.lookup("dk-1")
+
+
+def test_a_declared_restore_finds_on_json_server_the_post_a_person_sent_after_the_backup(server, tmp_path):
+    """A parked intent (its send's outcome unknown, nothing on the server) is backed up; a person then settles it
+    as not sent and it is posted. The backup is put back and the restore declared: the parked intent is looked up
+    on json-server, found, and published; the server holds one post (docs/design.md#what-a-restore-cannot-know)."""
+    import sqlite3
+
+    from atmostonce.runtime import Sweeper
+    from atmostonce_sql import open_store
+    from tests.helpers import begin_authorize
+
+    db, backup = tmp_path / "outbox.sqlite3", tmp_path / "backup.sqlite3"
+    config = RuntimeConfig(reconcile_interval=0, first_look_after=0)
+    store = open_store(f"sqlite:///{db}")
+    it = store.submit("acct", "post", "room", {"text": "parked, then sent"})
+    store.record_unknown(begin_authorize(store, it.key), reason="read timeout")  # nothing reached the server
+    store.park(it.key, operator="alice")
+    source, copy = sqlite3.connect(db), sqlite3.connect(backup)
+    source.backup(copy)
+    copy.close()
+    source.close()
+    store.resolve_not_sent(it.key, operator="alice")
+    Sweeper(store, config).retry_failed()
+    with HttpTransport(profile(server.url)) as t:
+        assert Dispatcher(store, t, config).dispatch(it.key) == "read_back.match"
+    [post] = server.posts()
+    store.close()  # every connection closed: no newer log to replay over the copy
+    backup.replace(db)
+
+    store = open_store(f"sqlite:///{db}")
+    try:
+        assert store.get(it.key).state == "parked"
+        assert store.declare_restore(operator="alice")[1] == 1
+        with HttpTransport(profile(server.url)) as t:
+            assert Reconciler(store, t, config).run() == {"lookup.found": 1}
+        assert (store.get(it.key).state, store.get(it.key).remote_id) == ("published", str(post["id"]))
+        assert server.posts() == [post]
+    finally:
+        store.close()
