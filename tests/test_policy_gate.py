@@ -261,11 +261,13 @@ def test_the_same_normalized_text_is_refused_inside_the_window(any_store):
 
 
 @pytest.mark.parametrize("elapsed, allowed", [(86_399, False), (86_400, True), (86_401, True)])
-def test_window_edges_by_the_store_clock(any_store, elapsed, allowed):
-    s = any_store.store
+def test_window_edges_by_the_store_clock(set_clock_store, elapsed, allowed):
+    # a clock the test sets: on the wall clock, a slow second between the two authorizations crossed the edge
+    s, set_clock = set_clock_store
+    set_clock(1_000_000.0)
     _, _, auth_a = _authorize(s, target="room-1")
     auth_a()
-    any_store.advance(elapsed)
+    set_clock(1_000_000.0 + elapsed)
     _, _, auth_b = _authorize(s, target="room-2")
     if allowed:
         assert auth_b().state == "authorized"

@@ -29,7 +29,7 @@ from atmostonce.claims import (
     claim_superseding_move,
     pick_reserve_event,
 )
-from atmostonce.errors import INTENT_EXISTS, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
+from atmostonce.errors import INTENT_EXISTS, LOST_RACE, SOURCE_STATE, GuardRefused, IllegalMove, Rejected, UnknownIntent
 from atmostonce.names import CLAIM_EVENT
 from atmostonce.records import Approval, Claim, ClaimEntry, OperatorKey, check_limit, check_text
 from atmostonce.signing import SIGNED_FIELDS
@@ -325,7 +325,7 @@ class SqlClaims:
         for i, g in enumerate(stmts["checked"]):  # the guards this statement evaluates, in table order
             if not found[i + 1]:
                 return GuardRefused(ev.name, subject, g, found[0])
-        return Rejected(ev.name, subject, "lost_race", found[0], "the row changed between the write and the diagnosis")
+        return Rejected(ev.name, subject, LOST_RACE, found[0], "the row changed between the write and the diagnosis")
 
     def _aux_history(self, conn, mname, subject, target, event, actor, from_state, row, args) -> None:
         detail = {k: args[k] for k in DETAIL_FIELDS if args.get(k)}
@@ -429,7 +429,7 @@ class SqlClaims:
                     ok = conn.execute(sa.select(APPROVAL_SQL_GUARDS[g](approvals.c, self._now, x)), params).scalar()
                     if not ok:
                         raise GuardRefused(ev.name, args["key"], g, None)
-                raise Rejected(ev.name, args["key"], "lost_race", None)  # pragma: no cover
+                raise Rejected(ev.name, args["key"], LOST_RACE, None)  # pragma: no cover
             actor = f"approver:{args['approver']}"
             self._aux_history(conn, "approval", row["approval_id"], row["target"], ev.name, actor, None, row, args)
             return _approval(row)

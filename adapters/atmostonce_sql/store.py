@@ -36,6 +36,7 @@ from atmostonce.audit import (
 from atmostonce.claims import claim_refusal_recorded
 from atmostonce.errors import (
     INTENT_EXISTS,
+    LOST_RACE,
     SOURCE_STATE,
     GuardRefused,
     IllegalMove,
@@ -471,7 +472,23 @@ class SqlStore(SqlClaims, Operations):
 
     def _apply(self, event: str, key: str, args: Mapping[str, Any]) -> Intent:
         ev = self.table.event(event)
-        return self._refusing(ev, key, args, lambda: self._apply_statements(ev, key, args))
+        return self._refusing(ev, key, args, lambda: self._once_more(lambda: self._apply_statements(ev, key, args)))
+
+    @staticmethod
+    def _once_more(run: Any) -> Any:
+        """``run()``, and once more when its conditional write moved no row yet the read that diagnosed it
+        found every guard passing (:data:`~atmostonce.errors.LOST_RACE`): the row, or the database clock,
+        changed between the two statements. A guard judged on the clock (a text or rate window that clears,
+        a lease that lapses) can pass on the diagnosis's later reading and have refused on the write's, and
+        the caller would get a race instead of the guard's name. The write is the gate either time: nothing
+        was written by the first, and the second moves the row or is refused and diagnosed again; a second
+        :data:`LOST_RACE` is raised (docs/design.md#the-gate-is-the-conditional-write)."""
+        try:
+            return run()
+        except Rejected as exc:
+            if exc.guard != LOST_RACE:
+                raise
+        return run()
 
     def _batch_statements(self, ev, columns: tuple[str, ...]) -> dict[str, Any]:
         """Cached :meth:`Statements.batch_move` of ``ev`` for a batch presenting ``columns``."""
@@ -585,6 +602,7 @@ class SqlStore(SqlClaims, Operations):
 
         def run() -> list[Intent]:
             out: list[Intent] = []
+            current.clear()  # run again by _once_more
             with self._tx(lossable=self._lossable(events)) as conn:
                 if durable:  # HA sync mode: the commit waits for the synchronous standby, or nothing moves
                     self._durable_authorization(conn, self.table.event(events[0]), key)
@@ -596,7 +614,7 @@ class SqlStore(SqlClaims, Operations):
             return out
 
         try:
-            return run()
+            return self._once_more(run)
         except (Rejected, StoreError) as exc:
             if not current:
                 raise
@@ -731,7 +749,7 @@ class SqlStore(SqlClaims, Operations):
         self._lock_coupled_rows(conn, ev, key)
         row = conn.execute(stmts["update"], params).mappings().first()
         if row is None:
-            raise self._diagnose(conn, ev, key, params, coupled=True) or Rejected(ev.name, key, "lost_race", None)
+            raise self._diagnose(conn, ev, key, params, coupled=True) or Rejected(ev.name, key, LOST_RACE, None)
         self._coupled_moves(conn, ev, row, args)
         if self._moves_window(ev):
             self._take_rate_slot(conn, ev, row)
@@ -909,7 +927,7 @@ class SqlStore(SqlClaims, Operations):
                 return GuardRefused(ev.name, key, g, row[0])
         if not coupled and ((ev.couples and row[-2]) or (self._moves_window(ev) and row[-1])):
             return None  # the move needs its transaction: the claim, or the account's rate window
-        return Rejected(ev.name, key, "lost_race", row[0], "the row changed between the write and the diagnosis")
+        return Rejected(ev.name, key, LOST_RACE, row[0], "the row changed between the write and the diagnosis")
 
     def _record_refusal(self, exc: GuardRefused, presented: Mapping[str, Any]) -> None:
         c = intents.c

@@ -27,6 +27,7 @@ from typing import Any
 
 __all__ = [
     "INTENT_EXISTS",
+    "LOST_RACE",
     "SOURCE_STATE",
     "AppendOnlyViolation",
     "AtMostOnceError",
@@ -52,6 +53,10 @@ SOURCE_STATE = "source_state"
 catalogue guard, so it is named here and not in ``spec/table.toml``."""
 INTENT_EXISTS = "intent_exists"
 """The refusal of a move on a key no row has (:class:`UnknownIntent`): structural, like :data:`SOURCE_STATE`."""
+LOST_RACE = "lost_race"
+"""A SQL store's refusal of a move whose conditional write moved no row, when the read that diagnoses it finds
+every guard passing twice (the row or the database clock changed between the write and that read, after the
+write was tried once more): structural, like :data:`SOURCE_STATE`."""
 
 
 class AtMostOnceError(Exception):
