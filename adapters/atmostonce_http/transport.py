@@ -49,7 +49,7 @@ from atmostonce.transport import (
     retry_after_seconds,
 )
 
-from ._pointer import pointer_get, pointer_set, split_pointer
+from ._pointer import MISSING, pointer_get, pointer_set, split_pointer
 from .classify import Classification, OutcomeTable, error_kind, outcome_table
 
 __all__ = ["AsyncHttpTransport", "HttpPlatformConfig", "HttpTransport", "HttpTransportError", "sink_config"]
@@ -150,9 +150,15 @@ class HttpPlatformConfig:
       platform's own additions (ids, timestamps, renderings) are never a mismatch (``atmostonce.projection``).
     * ``lookup_id_pointer`` / ``lookup_body_pointer``: the id and the body in a lookup response (``None``:
       ``id_pointer`` and ``body_pointer``). A lookup answering a JSON array (a filtered collection, as
-      ``GET /posts?key=...`` on most REST servers) is read as its first element; an empty array is "not found".
+      ``GET /posts?key=...`` on most REST servers) is read as its one element; an empty array is "not found".
+    * ``lookup_key_pointer``: where an object the lookup answers holds the idempotency key (``None``:
+      ``key_field``, the body's copy of it). The lookup takes only an object holding the key it asked for:
+      in an array, the element that holds it; an answer whose objects all hold other keys (the platform
+      ignored the filter, or the path names the wrong parameter) and an array of several objects of which
+      none can be told apart by the key are errors of the lookup, never "found" nor "not found"
+      (docs/design.md#a-lookup-must-answer-for-its-key).
     * ``lookup_collection_pointer``: where that array sits when the platform wraps it (``"/data"`` for
-      ``{"data": [...]}``, ``"/results"``, ...); the id and body pointers then point into its first element.
+      ``{"data": [...]}``, ``"/results"``, ...); the id and body pointers then point into the element found.
       An answer without an array there is an error of the lookup, never "not found". ``None``: the answer
       itself (an array, or the object found).
     * ``idempotency_header``: header carrying the idempotency key (``None``: not sent).
@@ -187,6 +193,7 @@ class HttpPlatformConfig:
     lookup_id_pointer: str | None = None
     lookup_body_pointer: str | None = None
     lookup_collection_pointer: str | None = None
+    lookup_key_pointer: str | None = None
     idempotency_header: str | None = "Idempotency-Key"
     key_field: str | None = None
     may_exist_statuses: tuple[int, ...] = (409,)
@@ -226,7 +233,7 @@ class HttpPlatformConfig:
                 raise ValueError("set id_pointer or id_from_location=True")
             split_pointer(self.id_pointer)
         split_pointer(self.body_pointer)
-        for name in ("lookup_id_pointer", "lookup_body_pointer", "lookup_collection_pointer"):
+        for name in ("lookup_id_pointer", "lookup_body_pointer", "lookup_collection_pointer", "lookup_key_pointer"):
             if getattr(self, name) is not None:
                 split_pointer(getattr(self, name))
         object.__setattr__(self, "projection", check_projection(self.projection))
@@ -487,10 +494,48 @@ class _HttpCore:
     def _lookup_url(self, delivery_key: str, resend_epoch: int, fence_epoch: int) -> str | None:
         if self.config.lookup_path is None:
             return None
-        key = platform_idempotency_key(delivery_key, resend_epoch, fence_epoch)
-        return self._url(self.config.lookup_path, key=key)
+        return self._url(self.config.lookup_path, key=self._lookup_key(delivery_key, resend_epoch, fence_epoch))
 
-    def _lookup_result(self, response: httpx.Response) -> LookupResult:
+    @staticmethod
+    def _lookup_key(delivery_key: str, resend_epoch: int, fence_epoch: int) -> str:
+        """The idempotency key the send carried, which the lookup asks for."""
+        return platform_idempotency_key(delivery_key, resend_epoch, fence_epoch)
+
+    def _answer_for(self, doc: Any, key: str) -> Any:
+        """The object of a lookup's answer ``doc`` that is the one sent under ``key``: ``None`` for an empty
+        array ("not found"). Raises :class:`HttpTransportError` when the answer cannot be for ``key``: an
+        object holding another key at ``lookup_key_pointer`` (or ``key_field``), an array holding only other
+        keys, or several objects none of which holds a key (docs/design.md#a-lookup-must-answer-for-its-key)."""
+        cfg = self.config
+        at = cfg.lookup_key_pointer if cfg.lookup_key_pointer is not None else cfg.key_field
+        if not isinstance(doc, list):
+            held = MISSING if at is None else pointer_get(doc, at)
+            if held not in (MISSING, None) and held != key:
+                raise HttpTransportError(f"lookup for {key!r} answered an object holding the key {held!r}", 200)
+            return doc
+        if not doc:
+            return None
+        held = [MISSING if at is None else pointer_get(o, at) for o in doc]
+        held = [MISSING if k is None else k for k in held]  # a null key is no key
+        mine = [o for o, k in zip(doc, held) if k == key]
+        if mine:
+            return mine[0]
+        if any(k is not MISSING for k in held):
+            raise HttpTransportError(
+                f"lookup for {key!r} answered {len(doc)} object(s), none holding that key at {at!r}: "
+                "the platform did not filter by it",
+                200,
+            )
+        if len(doc) > 1:
+            where = "they hold no key at " + repr(at) if at is not None else "no lookup_key_pointer names its key"
+            raise HttpTransportError(
+                f"lookup for {key!r} answered {len(doc)} objects and which one was sent under it cannot be told: "
+                + where,
+                200,
+            )
+        return doc[0]
+
+    def _lookup_result(self, response: httpx.Response, key: str) -> LookupResult:
         if response.status_code == 501:
             return Unsupported("platform answered 501 to the lookup")
         if response.status_code == 404:
@@ -508,10 +553,9 @@ class _HttpCore:
                 raise HttpTransportError(
                     f"lookup answered 200 without an array at {cfg.lookup_collection_pointer!r}", 200
                 )
-        if isinstance(doc, list):  # a filtered collection: nothing in it is "not found", never an error
-            if not doc:
-                return NotFound("HTTP 200, empty list")
-            doc = doc[0]
+        doc = self._answer_for(doc, key)
+        if doc is None:
+            return NotFound("HTTP 200, empty list")
         pointer = cfg.lookup_id_pointer or (cfg.id_pointer if cfg.id_pointer is not None else "/id")
         remote_id = usable_id(pointer_get(doc, pointer))
         if remote_id is None:
@@ -588,7 +632,7 @@ class HttpTransport(_HttpCore):
         url = self._lookup_url(delivery_key, resend_epoch, fence_epoch)
         if url is None:
             return Unsupported("no lookup_path configured")
-        return self._lookup_result(self._get(url, "lookup"))
+        return self._lookup_result(self._get(url, "lookup"), self._lookup_key(delivery_key, resend_epoch, fence_epoch))
 
     def close(self) -> None:
         """Close the connection pool. Idempotent."""
@@ -649,7 +693,9 @@ class AsyncHttpTransport(_HttpCore):
         url = self._lookup_url(delivery_key, resend_epoch, fence_epoch)
         if url is None:
             return Unsupported("no lookup_path configured")
-        return self._lookup_result(await self._get(url, "lookup"))
+        return self._lookup_result(
+            await self._get(url, "lookup"), self._lookup_key(delivery_key, resend_epoch, fence_epoch)
+        )
 
     async def aclose(self) -> None:
         """Close the connection pool. Idempotent."""
