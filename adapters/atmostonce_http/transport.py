@@ -517,7 +517,7 @@ class _HttpCore:
             return None
         held = [MISSING if at is None else pointer_get(o, at) for o in doc]
         held = [MISSING if k is None else k for k in held]  # a null key is no key
-        mine = [o for o, k in zip(doc, held) if k == key]
+        mine = [o for o, k in zip(doc, held, strict=True) if k == key]
         if mine:
             return mine[0]
         if any(k is not MISSING for k in held):

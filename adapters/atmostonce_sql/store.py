@@ -595,7 +595,12 @@ class SqlStore(SqlClaims, Operations):
         durable = self.ha == "sync" and any(e in self._authorizing | self._opening for e in events)
         if self.dialect == "postgresql" and not durable:
             fusable = len(steps) == 2 and (not callable(steps[1][1]) or isinstance(steps[1][1], UnderNewLease))
-            done = self._fused(key, steps) if fusable else self._pipelined(key, steps)
+            try:
+                done = self._fused(key, steps) if fusable else self._pipelined(key, steps)
+            except Rejected as exc:
+                if exc.guard != LOST_RACE:
+                    raise
+                done = None  # diagnosed on another connection, after the clock moved: the path below tries again
             if done is not None:
                 return done
         current: list[tuple[Any, Mapping[str, Any]]] = []

@@ -115,4 +115,6 @@ def test_one_object_answered_under_another_key_is_an_error_and_under_ours_is_fou
     with pytest.raises(HttpTransportError):
         transport(other.url(), lookup_path="/find/{key}", key_field="/k").lookup("dk", resend_epoch=2)
     ours = raw_server(answer(200, {"id": "o2", "k": key}))
-    assert transport(ours.url(), lookup_path="/find/{key}", key_field="/k").lookup("dk", resend_epoch=2).remote_id == "o2"
+    assert (
+        transport(ours.url(), lookup_path="/find/{key}", key_field="/k").lookup("dk", resend_epoch=2).remote_id == "o2"
+    )
