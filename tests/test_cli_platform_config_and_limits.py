@@ -71,8 +71,9 @@ def test_a_malformed_platform_config_is_a_usage_error(capsys, db, tmp_path, name
     url, _ = db
     cfg = _write(tmp_path / "platform.json", BAD_CONFIGS[name])
     rc, out, err = run(capsys, "--json", command, "--platform-config", cfg, "--database-url", url)
-    assert rc == EXIT_USAGE and set(json.loads(out)) == {"error", "field", "code", "limit"}
+    assert rc == EXIT_USAGE and set(json.loads(out)) == {"error", "field", "code", "limit", "profile"}
     assert cfg in json.loads(out)["error"]  # the message names the file for the person who wrote it
+    assert json.loads(out)["profile"]["path"] == cfg  # and the profile's fault, for a script
 
 
 @pytest.mark.parametrize("where", ["missing", "directory"])
@@ -142,3 +143,37 @@ def test_a_negative_limit_is_a_usage_error_on_either_database(capsys, sql_store,
 def test_the_stores_refuse_a_negative_limit_alike(sql_store, method):
     with pytest.raises(IntakeError):
         getattr(sql_store, method)(limit=-1)
+
+
+def test_a_reconcile_that_parks_an_unknown_send_names_it_and_exits_3_as_work_does(capsys, db, tmp_path, monkeypatch):
+    from atmostonce.runtime import RuntimeConfig
+    from atmostonce_cli.main import EXIT_STORE
+    from tests.http.jsonserver import JsonServer, profile
+
+    monkeypatch.setattr(RuntimeConfig, "reconcile_interval", 0.0)  # the passes look again at once, not 1 s later
+    url, store = db
+    lost, _ = to_state(store, "indeterminate", text="never landed", max_reconciles=1)
+    looking, _ = to_state(store, "indeterminate", text="still looking", max_reconciles=3)
+    (tmp_path / "js").mkdir()
+    with JsonServer(tmp_path / "js") as server:  # a REST server nobody here wrote; it holds neither post
+        cfg = _write(tmp_path / "platform.json", json.dumps(profile(server.url)))
+        rc, out, _ = run(capsys, "--json", "reconcile", "--platform-config", cfg, "--database-url", url)
+        assert (rc, json.loads(out)) == (EXIT_OK, {"lookup.not_found": 2})  # one lookup each: nothing parked yet
+        rc, out, _ = run(capsys, "--json", "reconcile", "--platform-config", cfg, "--database-url", url)
+        assert rc == EXIT_STORE
+        assert json.loads(out)["parked"] == [{"key": lost.key, "state": "parked"}]
+        assert store.get(looking.key).state == "indeterminate"  # a lookup left: looked at again, not named
+        rc, out, _ = run(capsys, "--json", "reconcile", "--platform-config", cfg, "--database-url", url)
+        assert rc == EXIT_OK and "parked" not in json.loads(out)  # parked before this pass: not this pass's news
+
+
+def test_a_bad_platform_profile_is_reported_with_its_code_field_and_file_under_json(capsys, db, tmp_path):
+    url, _ = db
+    bad = tmp_path / "orders.toml"
+    bad.write_text(
+        'format = 1\nname = "orders"\ntransport = "http"\noutcomes = "http_outcomes.toml"\n'
+        '[http]\nbase_url = "http://127.0.0.1:9"\nread_timeout = "soon"\n'
+    )
+    rc, out, _ = run(capsys, "--json", "work", "--platform-config", str(bad), "--database-url", url)
+    assert rc == EXIT_USAGE
+    assert json.loads(out)["profile"] == {"code": "wrong_type", "where": "http.read_timeout", "path": str(bad)}

@@ -338,6 +338,17 @@ def cmd_intents_show(args) -> int:
     return EXIT_OK
 
 
+def _profile_error(exc: BaseException) -> Any:
+    """The :class:`atmostonce_http.profile.ProfileError` behind ``exc`` (itself or what it was raised from), or
+    ``None``."""
+    from atmostonce_http.profile import ProfileError
+
+    for e in (exc, exc.__cause__):
+        if isinstance(e, ProfileError):
+            return e
+    return None
+
+
 def _profile(args):
     """The platform profile of ``--platform-config FILE``: a profile (TOML, spec/platforms/ has examples) or a
     JSON object of HttpPlatformConfig fields. Only an HTTP profile can drive these commands."""
@@ -451,13 +462,24 @@ def cmd_reconcile(args) -> int:
     from atmostonce.runtime import Reconciler
 
     profile = _profile(args)
-    transport = profile.http_transport()
+    store, transport = _store(args), profile.http_transport()
     try:
-        counts = Reconciler(_store(args), transport, profile.runtime_config()).run(limit=args.limit)
+        unknown_before = [it.key for it in _all_intents(store, (STATE.indeterminate,))]
+        counts: dict[str, Any] = dict(Reconciler(store, transport, profile.runtime_config()).run(limit=args.limit))
     finally:
         transport.close()
-    _emit(args, counts, "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to reconcile")
-    return EXIT_OK
+    # a send this pass parked (its lookups spent, or evidence that needs a person) is named, and the pass exits 3
+    # as `work` does, so that a scheduled reconcile does not leave it unnoticed
+    parked = [key for key in unknown_before if store.get(key).state == STATE.parked]
+    text = "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to reconcile"
+    if parked:
+        counts["parked"] = [{"key": key, "state": STATE.parked} for key in parked]
+        text += "".join(
+            f"\n{key}  outcome still unknown: now parked (not resent; see atmostonce intents show {key[:16]})"
+            for key in parked
+        )
+    _emit(args, counts, text)
+    return EXIT_STORE if parked else EXIT_OK
 
 
 def _moved(args, it: Intent) -> int:
@@ -1067,7 +1089,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wk.add_argument(
         "--platform-config",
-        help="platform profile: TOML (spec/platforms/*.toml) or JSON of HttpPlatformConfig fields",
+        help="required: platform profile, TOML (spec/platforms/*.toml) or JSON of HttpPlatformConfig fields",
     )
     wk.add_argument("--limit", type=_limit, default=100, help="dispatch at most this many intents")
     wk.set_defaults(func=cmd_work)
@@ -1076,7 +1098,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc = db(sub.add_parser("reconcile", help="look indeterminate intents up on the platform (one lookup each)"))
     rc.add_argument(
         "--platform-config",
-        help="platform profile: TOML (spec/platforms/*.toml) or JSON of HttpPlatformConfig fields",
+        help="required: platform profile, TOML (spec/platforms/*.toml) or JSON of HttpPlatformConfig fields",
     )
     rc.add_argument("--limit", type=_limit, default=50, help="look up at most this many intents (0: none)")
     rc.set_defaults(func=cmd_reconcile)
@@ -1102,7 +1124,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--not-sent", action="store_true", help="nothing was sent (makes it retryable)")
     rv.add_argument(
         "--platform-config",
-        help="JSON file with the HTTP platform configuration: --published REMOTE_ID is read back and compared "
+        help="platform profile (TOML, or JSON of HttpPlatformConfig fields): --published REMOTE_ID is read back and compared "
         "with what was approved before it is accepted",
     )
     rv.add_argument(
@@ -1215,7 +1237,7 @@ def build_parser() -> argparse.ArgumentParser:
     rx.add_argument("--operator", required=True)
     rx.add_argument(
         "--platform-config",
-        help="JSON file with the HTTP platform configuration: a platform that cannot delete (or update) is "
+        help="platform profile (TOML, or JSON of HttpPlatformConfig fields): a platform that cannot delete (or update) is "
         "refused before anything is queued",
     )
     rx.set_defaults(func=cmd_retract)
@@ -1319,6 +1341,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         doc = {"error": str(exc)}
         if isinstance(exc, IntakeError):  # which argument, why and the bound crossed, for a script to read
             doc.update(exc.as_dict())
+        profile_error = _profile_error(exc)
+        if profile_error is not None:  # a platform profile's fault: its code, the field and the file
+            doc["profile"] = profile_error.as_dict()
         return _fail(args, f"error: {exc}", doc, EXIT_USAGE)
     except NotVerified as exc:
         hint = (
