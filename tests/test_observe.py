@@ -179,3 +179,15 @@ def test_counters_made_before_the_application_installs_its_meter_provider_count_
 
     out = subprocess.run([sys.executable, "-c", GLOBAL_LATER], capture_output=True, text=True, check=True, timeout=60)
     assert json.loads(out.stdout) == {"atmostonce.sends read_back.match": 1, "atmostonce.sends send.unknown": 1}
+
+
+def test_status_counts_the_reconcilers_lookups_not_the_record_an_unknown_send_opens(any_store):
+    from tests.helpers import to_state
+
+    s = any_store.store
+    it, _ = to_state(s, "indeterminate")  # opens the send's reconciliation record: no lookup yet
+    assert observe.figures(s)["reconcile_lookups"] == {}
+    s.reconcile_not_found(s.get(it.key).plan)
+    s.reconcile_found(s.get(it.key).plan, remote_id="r-1")
+    assert observe.figures(s)["reconcile_lookups"] == {"confirmed": 1, "unknown": 1}  # two lookups, two counted
+    assert [r.result for r in s.reconciliations(it.key)] == ["unknown", "unknown", "confirmed"]

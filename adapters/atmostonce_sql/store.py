@@ -32,6 +32,7 @@ from atmostonce.audit import (
     AuditRow,
     field_texts,
     history_hash,
+    lookup_events,
 )
 from atmostonce.claims import claim_refusal_recorded
 from atmostonce.errors import (
@@ -1313,16 +1314,19 @@ class SqlStore(SqlClaims, Operations):
 
     def record_totals(self) -> dict[str, dict[str, int]]:
         """Counts from the append-only records (``atmostonce status``): attempt outcomes (``sends``),
-        reconciliation results (``reconcile_lookups``) and recorded refusals by guard (``refusals``)."""
+        the reconciler's lookups by result (``reconcile_lookups``: not the record a send's unknown outcome opens,
+        nor a person's settlement) and recorded refusals by guard (``refusals``)."""
+        r = reconciliations.c
+        looked = r.event.in_(lookup_events(self.table)) | r.event.is_(None)  # None: a record from before 0002
         pairs = (
-            ("sends", attempt_outcomes.c.outcome),
-            ("reconcile_lookups", reconciliations.c.result),
-            ("refusals", refusals.c.guard),
+            ("sends", attempt_outcomes.c.outcome, sa.true()),
+            ("reconcile_lookups", r.result, looked),
+            ("refusals", refusals.c.guard, sa.true()),
         )
         out: dict[str, dict[str, int]] = {}
         with self._tx() as conn:
-            for name, col in pairs:
-                rows = conn.execute(sa.select(col, sa.func.count()).group_by(col).order_by(col))
+            for name, col, where in pairs:
+                rows = conn.execute(sa.select(col, sa.func.count()).where(where).group_by(col).order_by(col))
                 out[name] = {k: int(n) for k, n in rows}
         return out
 

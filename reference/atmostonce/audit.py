@@ -358,6 +358,13 @@ def reconciliation_step(table: Any, event: str) -> tuple[str, str] | None:
     return None
 
 
+def lookup_events(table: Any) -> tuple[str, ...]:
+    """The table's events whose reconciliation record is a reconciler's lookup (``("lookup", result)`` of
+    :func:`reconciliation_step`), in table order: what ``atmostonce status`` counts as lookups, leaving out the
+    record a send's unknown outcome opens and a person's settlement."""
+    return tuple(e for e in table.events if (step := reconciliation_step(table, e)) is not None and step[0] == "lookup")
+
+
 def current_reconciliations(records: Iterable[Any]) -> dict[int, Any]:
     """The current record per send (``send_seq``): the newest row of each, records in ``seq`` order."""
     out: dict[int, Any] = {}

@@ -232,7 +232,8 @@ def _oldest(store: Any) -> dict[str, float | None]:
 def figures(store: Any) -> dict[str, Any]:
     """What ``atmostonce status`` prints, from the store alone: intents per state, the age of the oldest
     intent in each human-owned state, and (from the append-only records) sends by outcome, reconcile
-    lookups by outcome and recorded refusals by guard."""
+    lookups by result (the reconciler's lookups only: not the record a send's unknown outcome opens, nor a
+    person's settlement) and recorded refusals by guard."""
     totals = getattr(store, "record_totals", None)
     records = totals() if totals is not None else _memory_totals(store)
     return {
@@ -243,6 +244,9 @@ def figures(store: Any) -> dict[str, Any]:
 
 
 def _memory_totals(store: Any) -> dict[str, dict[str, int]]:
+    from .audit import lookup_events
+
+    looked = lookup_events(store.table)
     sends: dict[str, int] = {}
     lookups: dict[str, int] = {}
     refused: dict[str, int] = {}
@@ -251,7 +255,8 @@ def _memory_totals(store: Any) -> dict[str, dict[str, int]]:
             for o in a.outcomes:
                 sends[o] = sends.get(o, 0) + 1
         for r in store.reconciliations(it.key):
-            lookups[r.result] = lookups.get(r.result, 0) + 1
+            if r.event in looked:
+                lookups[r.result] = lookups.get(r.result, 0) + 1
         for r in store.refusals(it.key):
             refused[r.guard] = refused.get(r.guard, 0) + 1
     return {"sends": _sorted(sends), "reconcile_lookups": _sorted(lookups), "refusals": _sorted(refused)}
