@@ -54,6 +54,7 @@ CALLERS: dict[tuple[str, str], type] = {
     ("runtime.py", "Reconciler"): MaintenanceStore,
     ("runtime.py", "late_remote_id"): MaintenanceStore,  # the reconciler's probe for late evidence
     ("runtime.py", "verify_remote_object"): OperatorStore,  # `resolve --published` in the CLI and the console
+    ("runtime.py", "look_before_sending_again"): OperatorStore,  # `resend`, `resolve --not-sent`: CLI, console
     ("service.py", "*"): IntakeStore,
     ("aio.py", "*"): IntakeStore,
     ("audit.py", "*"): AuditStore,

@@ -20,6 +20,7 @@ from typing import Any
 
 from atmostonce.errors import (
     AtMostOnceError,
+    FoundOnPlatform,
     IllegalMove,
     IntakeError,
     NotVerified,
@@ -499,7 +500,36 @@ def cmd_retry(args) -> int:
 
 def cmd_resend(args) -> int:
     store = _store(args)
-    return _moved(args, store.resend(_resolve_key(store, args.key), operator=args.operator))
+    key = _resolve_key(store, args.key)
+    looked = _look_before_sending_again(args, store, key, EVENT.resend)
+    return _moved_after_looking(args, store.resend(key, operator=args.operator), looked)
+
+
+def _look_before_sending_again(args, store: OperatorStore, key: str, event: str) -> dict[str, Any]:
+    """What the platform's lookup by key said before a person sends ``key`` again (``resend``,
+    ``resolve --not-sent``): :func:`atmostonce.runtime.look_before_sending_again` through the
+    ``--platform-config`` transport (``FoundOnPlatform`` when it finds the object: exit 1, nothing written), or
+    that nothing was looked up."""
+    from atmostonce.runtime import look_before_sending_again
+
+    if not args.platform_config:
+        return {"looked_up": [], "why": "no --platform-config to look it up"}
+    if store.get(key).state not in store.table.sources(event):
+        return {"looked_up": [], "why": None}  # the move will be refused by its source state (with its hint)
+    transport = _platform(args)
+    try:
+        return look_before_sending_again(store, transport, key)
+    finally:
+        transport.close()
+
+
+def _moved_after_looking(args, it: Intent, looked: dict[str, Any]) -> int:
+    if looked["why"] is None:
+        note = f"looked up on the platform first, nothing found under {', '.join(looked['looked_up'])}"
+    else:
+        note = f"NOT looked up on the platform first: {looked['why']}"
+    _emit(args, _intent_dict(it) | {"lookup": looked}, f"{it.key[:16]}  now {it.state}; {note}")
+    return EXIT_OK
 
 
 def cmd_resolve(args) -> int:
@@ -508,7 +538,9 @@ def cmd_resolve(args) -> int:
     if args.published is None:
         if args.unverified:
             raise IntakeError("--unverified goes with --published REMOTE_ID")
-        return _moved(args, store.resolve_not_sent(key, operator=args.operator, reason=args.reason))
+        looked = _look_before_sending_again(args, store, key, EVENT.resolve_not_sent)
+        it = store.resolve_not_sent(key, operator=args.operator, reason=args.reason)
+        return _moved_after_looking(args, it, looked)
     evidence = _published_evidence(args, store, key)
     it = store.resolve_published(key, operator=args.operator, remote_id=args.published, evidence=evidence or None)
     verified = evidence.get("verified") is True
@@ -1115,6 +1147,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs = db(sub.add_parser("resend", help="deliberately send a parked intent again under a new resend epoch"))
     rs.add_argument("key")
     rs.add_argument("--operator", required=True)
+    rs.add_argument(
+        "--platform-config",
+        help="platform profile (TOML, or JSON of HttpPlatformConfig fields): the intent is looked up by key "
+        "first, under every key it was sent under, and an object found refuses the resend (exit 1)",
+    )
     rs.set_defaults(func=cmd_resend)
     rv = db(sub.add_parser("resolve", help="settle a parked intent by what a human saw on the platform"))
     rv.add_argument("key")
@@ -1125,7 +1162,8 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument(
         "--platform-config",
         help="platform profile (TOML, or JSON of HttpPlatformConfig fields): --published REMOTE_ID is read back and compared "
-        "with what was approved before it is accepted",
+        "with what was approved before it is accepted; --not-sent looks the intent up by key first, and an "
+        "object found refuses it (exit 1)",
     )
     rv.add_argument(
         "--unverified",
@@ -1345,6 +1383,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if profile_error is not None:  # a platform profile's fault: its code, the field and the file
             doc["profile"] = profile_error.as_dict()
         return _fail(args, f"error: {exc}", doc, EXIT_USAGE)
+    except FoundOnPlatform as exc:
+        hint = (
+            f"the platform holds it: record that with atmostonce resolve {exc.key[:16]} --operator NAME "
+            f"--published {exc.remote_id} --platform-config FILE"
+        )
+        return _fail(args, f"refused: {exc}\nhint: {hint}", {"found": exc.as_dict(), "hint": hint}, EXIT_REFUSED)
     except NotVerified as exc:
         hint = (
             "check the id on the platform; to record it anyway as asserted by you, not verified, "

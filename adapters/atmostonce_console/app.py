@@ -29,6 +29,7 @@ from starlette.templating import Jinja2Templates
 
 from atmostonce.errors import (
     AtMostOnceError,
+    FoundOnPlatform,
     IntakeError,
     NotVerified,
     Rejected,
@@ -161,6 +162,8 @@ def create_app(
             result = {"done": fn()}
         except Rejected as exc:
             result = {"refused": refusal_doc(t, exc)}
+        except FoundOnPlatform as exc:
+            result = {"found_on_platform": exc.as_dict()}
         except NotVerified as exc:
             result = {"not_verified": exc.as_dict()}
         except RetractionUnsupported as exc:
@@ -267,6 +270,22 @@ def create_app(
             is_initial=it.state == t.initial,
         )
 
+    def look_first(key: str, event: str) -> dict[str, Any]:
+        """Before a person sends ``key`` again: the platform's lookup by key under every key it was sent under
+        (``FoundOnPlatform`` when an object is there: nothing is written), when the console has a platform."""
+        if platform is None:
+            return {"looked_up": [], "not_looked_up": "the console has no --platform-config to look it up"}
+        from atmostonce.runtime import look_before_sending_again
+
+        if store.get(key).state not in t.sources(event):
+            return {}  # the move is refused by its source state, with its hint
+        transport = platform()
+        try:
+            looked = look_before_sending_again(store, transport, key)
+        finally:
+            transport.close()
+        return {"looked_up": looked["looked_up"], **({"not_looked_up": looked["why"]} if looked["why"] else {})}
+
     def intent_action(request: Request, form: Mapping[str, str]) -> Response:
         raw, name = request.path_params["key"], request.path_params["action"]
         back = RedirectResponse(f"/intents/{quote(raw)}", status_code=303)
@@ -278,9 +297,11 @@ def create_app(
             if name == "park":
                 return {"state": store.park(key, operator=operator, reason=reason).state}
             if name == "resolve_not_sent":
-                return {"state": store.resolve_not_sent(key, operator=operator, reason=reason).state}
+                looked = look_first(key, name)
+                return {"state": store.resolve_not_sent(key, operator=operator, reason=reason).state, **looked}
             if name == "resend":
-                return {"state": store.resend(key, operator=operator).state}
+                looked = look_first(key, name)
+                return {"state": store.resend(key, operator=operator).state, **looked}
             if name == "retry":
                 return {"state": store.retry(key, operator=operator).state}
             if name == "resolve_published":

@@ -13,6 +13,7 @@ from .aio import AsyncOutbox, open_async
 from .errors import (
     AppendOnlyViolation,
     AtMostOnceError,
+    FoundOnPlatform,
     GuardRefused,
     IllegalMove,
     IntakeCode,
@@ -55,6 +56,7 @@ __all__ = [
     "MemoryStore",
     "Outbox",
     "OutboxReport",
+    "FoundOnPlatform",
     "NotVerified",
     "Plan",
     "Reconciliation",

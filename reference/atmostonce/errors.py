@@ -37,6 +37,7 @@ __all__ = [
     "IntakeCode",
     "IntakeError",
     "NoSynchronousStandby",
+    "FoundOnPlatform",
     "NotVerified",
     "Rejected",
     "RetractionUnsupported",
@@ -90,6 +91,23 @@ class GuardRefused(Rejected):
 
 class UnknownIntent(Rejected):
     """No intent has this delivery key."""
+
+
+class FoundOnPlatform(AtMostOnceError):
+    """A person asked to send an intent again (``resend``, ``resolve --not-sent``), and the platform's lookup by
+    key found an object under a key one of its attempts was sent under: sending again would post a second
+    copy. Nothing was written.
+
+    Attributes: ``key`` (delivery key), ``remote_id`` (the object found) and ``platform_key`` (the idempotency
+    key it was found under).
+    """
+
+    def __init__(self, key: str, remote_id: str, platform_key: str):
+        self.key, self.remote_id, self.platform_key = key, remote_id, platform_key
+        super().__init__(f"{key[:12]}… is on the platform: object {remote_id!r} under key {platform_key!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "remote_id": self.remote_id, "platform_key": self.platform_key}
 
 
 class NotVerified(AtMostOnceError):

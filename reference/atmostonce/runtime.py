@@ -26,8 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from . import observe
-from .errors import SOURCE_STATE, GuardRefused, IntakeError, NotVerified, Rejected, RetractionUnsupported
-from .identity import canonical_json, request_digest
+from .errors import (
+    SOURCE_STATE,
+    FoundOnPlatform,
+    GuardRefused,
+    IntakeError,
+    NotVerified,
+    Rejected,
+    RetractionUnsupported,
+)
+from .identity import canonical_json, platform_idempotency_key, request_digest
 from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
 from .protocols import IntakeStore, MaintenanceStore, OperatorStore, WorkerStore
 from .records import (
@@ -218,6 +226,38 @@ def verify_remote_object(store: OperatorStore, transport: Transport, key: str, r
     if outcome != OUTCOME.read_back_match:
         raise NotVerified(it.key, remote_id, outcome, read_back_evidence(transport, wire, rb))
     return {"verified": True, "read_back": outcome, "remote_id": remote_id}
+
+
+def look_before_sending_again(store: OperatorStore, transport: Transport, key: str) -> dict[str, Any]:
+    """Before a person sends intent ``key`` again (``resend``, ``resolve --not-sent``): look it up on the platform
+    under every idempotency key its attempts were sent under, newest first, writing nothing.
+
+    Returns what was looked at, to show the person: ``{"looked_up": [platform keys], "why": None}``, or with an
+    empty list and ``why`` when nothing could be looked up (the transport has no lookup by key, or no attempt
+    was made). Raises :class:`FoundOnPlatform` for the first key an object is found under (whatever it holds:
+    an object under the intent's key is its post); whatever the transport raises when the platform gives no
+    usable answer propagates (e.g. ``HttpTransportError``): nothing is decided then. A lookup that finds
+    nothing proves nothing (docs/design.md#a-fence-is-a-tombstone): the person still decides."""
+    it = store.get(key)
+    if not transport.capabilities.lookup_by_key:
+        return {"looked_up": [], "why": "the platform config has no lookup by key"}
+    epochs: list[tuple[int, int]] = []
+    for a in reversed(store.attempts(key)):
+        pair = (it.resend_epoch, it.fence_epoch) if a.resend_epoch is None else (a.resend_epoch, a.fence_epoch)
+        if pair not in epochs:
+            epochs.append(pair)
+    if not epochs:
+        return {"looked_up": [], "why": "no attempt was made"}
+    looked: list[str] = []
+    for resend_epoch, fence_epoch in epochs:
+        platform_key = platform_idempotency_key(it.key, resend_epoch, fence_epoch)
+        res = transport.lookup(it.key, resend_epoch, fence_epoch)
+        looked.append(platform_key)
+        if isinstance(res, Found):
+            raise FoundOnPlatform(it.key, res.remote_id, platform_key)
+        if isinstance(res, Unsupported):
+            return {"looked_up": looked[:-1], "why": f"the platform cannot look up by key: {res.reason}"}
+    return {"looked_up": looked, "why": None}
 
 
 MAX_EVIDENCE_BYTES = 16 * 1024

@@ -416,3 +416,31 @@ def test_a_store_error_is_a_503_page_not_a_crash(sql_store, tmp_path):
         c.post("/login", data={"csrf": csrf_of(page.text), "token": TOKEN}, follow_redirects=False)
         r = c.get("/")
         assert r.status_code == 503 and r.text.startswith("store error:")
+
+
+@pytest.mark.parametrize("action", ["resend", "resolve_not_sent"])
+def test_sending_again_from_the_console_is_refused_when_the_platform_holds_the_post(sql_store, tmp_path, action):
+    from atmostonce.identity import platform_idempotency_key
+    from atmostonce.runtime import wire_request
+    from atmostonce_http import HttpTransport
+    from tests.http.jsonserver import JsonServer, profile
+
+    store = sql_store
+    parked, _ = to_state(store, "parked", text="landed late")
+    other, _ = to_state(store, "parked", text="never landed")
+    (tmp_path / "js").mkdir()
+    with (
+        JsonServer(tmp_path / "js") as server,  # a REST server nobody here wrote; it does not deduplicate
+        make_client(store, tmp_path, platform=lambda: HttpTransport(profile(server.url))) as c,
+    ):
+        with HttpTransport(profile(server.url)) as t:
+            landed = t.send(wire_request(store.get(parked.key))).remote_id
+        csrf = sign_in(c)
+        r = c.post(f"/intents/{parked.key}/{action}", data={"csrf": csrf, "reason": "looked"})
+        assert flash(r.text) == {"result": "found_on_platform", "remote": landed}
+        assert store.get(parked.key).state == "parked"
+        r = c.post(f"/intents/{other.key}/{action}", data={"csrf": csrf, "reason": "looked"})
+        assert flash(r.text)["result"] == "done"
+        assert store.get(other.key).state in ("pending", "failed")
+        done = actions(c.log)[0]["result"]["done"]
+        assert done["looked_up"] == [platform_idempotency_key(other.key, 0, 0)]
