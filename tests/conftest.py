@@ -140,3 +140,46 @@ def cli_db(tmp_path):
     store = open_store(url)
     yield url, store
     store.close()
+
+
+MOVING_CLOCK_START = 1_000_000.0
+"""Where ``moving_clock_store``'s database clock starts (seconds since the Unix epoch)."""
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def moving_clock_store(request, monkeypatch):
+    """``(store, set_clock)``: a SQL store whose database clock the test moves, also between two statements of one
+    move, starting at :data:`MOVING_CLOCK_START`. SQLite: a SQL function reading a Python value (the move's
+    transaction holds the write lock, so no other connection could write a clock row). PostgreSQL: the set-clock
+    table, written by another connection and read by the move's read-committed statements."""
+    import sqlalchemy as sa
+
+    import atmostonce_sql
+
+    if request.param == "postgresql":
+        from atmostonce_sql.testing import SetClockStore
+
+        base = request.getfixturevalue("pg_store")
+        store = SetClockStore(base.engine, start=MOVING_CLOCK_START)
+        yield store, store.set_clock
+        store.close()
+        return
+    now = [MOVING_CLOCK_START]
+    register = atmostonce_sql.register_sqlite_functions
+
+    def with_clock(dbapi_conn):
+        register(dbapi_conn)
+        dbapi_conn.create_function("aom_test_now", 0, lambda: now[0])
+
+    monkeypatch.setattr(atmostonce_sql, "register_sqlite_functions", with_clock)
+    dbs = request.getfixturevalue("sqlite_databases")
+    url = dbs.fresh()
+    store = atmostonce_sql.open_store(url, migrate=False, pool_size=4)
+    store._now = sa.literal_column("aom_test_now()", sa.Float(53))
+
+    def set_clock(t: float) -> None:
+        now[0] = t
+
+    yield store, set_clock
+    store.close()
+    dbs.drop(url)

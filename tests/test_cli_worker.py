@@ -183,3 +183,13 @@ def test_a_worker_on_a_sqlite_file_that_does_not_exist_exits_with_a_store_error_
     assert proc.returncode == 3
     assert str(missing) in proc.stderr
     assert not missing.exists()
+
+
+def test_submit_takes_the_lookup_budget_of_an_unknown_send(capsys, sqlite_url):
+    rc, out, _ = run(
+        capsys, "--json", "submit", "--database-url", sqlite_url, "--max-reconciles", "7", "--max-attempts", "2",
+        "acct", "post", "room", '{"text": "slow platform"}',
+    )  # fmt: skip
+    assert rc == 0
+    it = json.loads(out)
+    assert (it["max_reconciles"], it["max_attempts"]) == (7, 2)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from atmostonce.errors import Rejected
-from atmostonce.runtime import Dispatcher, Reconciler, Sweeper
+from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, Sweeper
 from atmostonce.table import spec_dir, table
 from atmostonce.transport import Found, NotFound, NotSent, Sent, Transport, Unknown, Unsupported, WireRequest
 from atmostonce_function import FunctionTransport, FunctionTransportError
@@ -128,7 +128,8 @@ def test_a_refused_connection_is_not_sent_and_the_retry_policy_sends_it_once(smt
         assert smtp.connections == 0 and smtp.messages() == []  # no byte reached the server
         mail.port = smtp.port  # the server is reachable now; the transport itself retried nothing
         assert mail.calls == [it.key]
-        assert Sweeper(sqlite_store).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
+        now = RuntimeConfig(retry_backoff=0)  # retried on the next pass
+        assert Sweeper(sqlite_store, now).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
         assert Dispatcher(sqlite_store, t).dispatch(it.key) == "read_back.match"
     done = sqlite_store.get(it.key)
     assert (done.state, done.attempt_count) == ("published", 2)

@@ -16,7 +16,7 @@ from atmostonce.table import table
 from atmostonce_http import HttpTransport, PlatformSink, sink_config
 from tests.helpers import begin_authorize, submit, to_state
 
-CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=0)
 
 
 @pytest.fixture

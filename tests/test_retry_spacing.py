@@ -17,10 +17,10 @@ import pytest
 from atmostonce.errors import IntakeCode, IntakeError
 from atmostonce.runtime import Dispatcher, RuntimeConfig, Sweeper
 from atmostonce.transport import NotSent, retry_after_seconds
-from tests.helpers import answer_json, begin_authorize, http_platform, submit
+from tests.helpers import answer_json, begin_authorize, http_platform, submit, to_state
 
 SPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=60)
-UNSPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+UNSPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=0)
 
 
 def fail(store, text="hello", retry_after=None, **kw):
@@ -281,3 +281,16 @@ def test_the_outbox_sends_a_rate_limited_post_once_after_the_pause_its_platform_
     assert history["record_not_sent"].detail["retry_after"] == 1
     assert history["retry"].recorded_at - history["record_not_sent"].recorded_at >= 1
     assert (rate_limited.creates, len(rate_limited.posts)) == (2, 1)
+
+
+def test_by_default_a_machine_failure_waits_and_a_person_resolving_not_sent_does_not(any_store):
+    s = any_store.store
+    sweeper = Sweeper(s)  # the defaults: a backoff of 5 s doubling
+    machine = fail(s)
+    parked, _ = to_state(s, "parked", text="a person looked")
+    s.resolve_not_sent(parked.key, operator="alice")
+    assert sweeper.retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 1, "skipped": 0}
+    assert (s.get(machine).state, s.get(parked.key).state) == ("failed", "pending")
+    any_store.advance(6)
+    assert sweeper.retry_failed()["retried"] == 1
+    assert s.get(machine).state == "pending"

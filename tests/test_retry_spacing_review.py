@@ -24,7 +24,7 @@ from atmostonce.testing.stateful import FakeClock
 from atmostonce.transport import Capabilities, NotSent, WireRequest, retry_after_seconds
 from tests.helpers import answer_json, begin_authorize, http_platform, run_cli, submit
 
-UNSPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+UNSPACED = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=0)
 
 
 # ---------------------------------------------------------------- fake platforms on real sockets
@@ -291,7 +291,7 @@ def test_a_second_failure_at_the_same_store_time_waits_for_its_own_pause(set_clo
 def test_with_no_pause_and_no_backoff_a_failed_intent_is_retried_on_the_next_pass_after_the_clock_steps_back(
     set_clock_store,
 ):
-    """The default (``retry_backoff = 0``, no Retry-After) is documented as "the next pass". A store clock that
+    """No backoff (``retry_backoff = 0``) and no Retry-After is documented as "the next pass". A store clock that
     steps back (NTP on the database host) now holds every failed intent as ``waiting`` until the clock catches
     up with its ``updated_at``; before the feature it was retried at once."""
     store, set_clock = set_clock_store
@@ -303,10 +303,10 @@ def test_with_no_pause_and_no_backoff_a_failed_intent_is_retried_on_the_next_pas
     assert store.get(key).state == "pending"
 
 
-def test_the_worker_config_accepts_the_documented_default_retry_backoff_of_zero(tmp_path):
-    """docs/operations.md: ``retry_backoff`` "default 0: next pass". ``[runtime] retry_backoff = 0`` in a worker
-    config is refused ("must be positive"): only first_look_after and reconcile_interval may be 0, so an
-    operator cannot write the default down (or turn a backoff off again)."""
+def test_the_worker_config_accepts_a_retry_backoff_of_zero(tmp_path):
+    """docs/operations.md: ``retry_backoff`` "0: next pass". ``[runtime] retry_backoff = 0`` in a worker config was
+    refused ("must be positive"): only first_look_after and reconcile_interval could be 0, so an operator could
+    not turn a backoff off."""
     from atmostonce_cli.worker import load_worker_config
     from tests.worker_proc import SINK_PROFILE
 
@@ -350,8 +350,9 @@ def test_two_sweepers_at_once_retry_each_due_intent_once_and_leave_the_waiting_o
         s.record_not_sent(begin_authorize(s, key), reason="HTTP 429", retry_after=3600 if i % 2 else 1)
         (waiting if i % 2 else due).append(key)
     any_store.advance(2)
-    first = Sweeper(s, RuntimeConfig(retries_per_tick=3))
-    sweepers = [first, first] if shared else [first, Sweeper(s, RuntimeConfig(retries_per_tick=3))]
+    once = RuntimeConfig(retries_per_tick=3, retry_backoff=0)  # only the platform's pause spaces them
+    first = Sweeper(s, once)
+    sweepers = [first, first] if shared else [first, Sweeper(s, once)]
     results, errors, barrier = [], [], threading.Barrier(2)
 
     def run(sweeper):

@@ -18,7 +18,6 @@ import contextlib
 import threading
 
 import pytest
-import sqlalchemy as sa
 
 import atmostonce_sql
 from atmostonce import GuardRefused, IllegalMove, Rejected
@@ -26,49 +25,11 @@ from atmostonce.errors import LOST_RACE, SOURCE_STATE, StoreError, UnknownIntent
 from atmostonce.names import EVENT, STATE
 from atmostonce_sql.execution import TEXT_WINDOW_CONSTRAINT, ConstraintRefused, Deadlock
 from atmostonce_sql.store import SqlStore
+from tests.conftest import MOVING_CLOCK_START
 
-T0 = 1_000_000.0
+T0 = MOVING_CLOCK_START
 WINDOW = 86_400  # the table's duplicate-text window
 LEASE = 30.0
-
-
-class _Clock:
-    def __init__(self, t: float):
-        self.t = t
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def moving_clock_store(request, monkeypatch):
-    """``(store, set_clock)``: a store whose database clock the test moves, also between two statements of one
-    move (SQLite: a SQL function reading a Python value; PostgreSQL: the set-clock table, written by another
-    connection and read by the move's read-committed statements)."""
-    if request.param == "postgresql":
-        from atmostonce_sql.testing import SetClockStore
-
-        base = request.getfixturevalue("pg_store")
-        store = SetClockStore(base.engine, start=T0)
-        yield store, store.set_clock
-        store.close()
-        return
-    clock = _Clock(T0)
-    register = atmostonce_sql.register_sqlite_functions
-
-    def with_clock(dbapi_conn):
-        register(dbapi_conn)
-        dbapi_conn.create_function("aom_test_now", 0, lambda: clock.t)
-
-    monkeypatch.setattr(atmostonce_sql, "register_sqlite_functions", with_clock)
-    dbs = request.getfixturevalue("sqlite_databases")
-    url = dbs.fresh()
-    store = atmostonce_sql.open_store(url, migrate=False, pool_size=4)
-    store._now = sa.literal_column("aom_test_now()", sa.Float(53))
-
-    def set_clock(t: float) -> None:
-        clock.t = t
-
-    yield store, set_clock
-    store.close()
-    dbs.drop(url)
 
 
 def _diagnoses(monkeypatch, store, *, first=None):
@@ -93,11 +54,55 @@ def _race(self, ev, key):
     return Rejected(ev.name, key, LOST_RACE, "pending", "staged by the test")
 
 
-def _authorize_first(store):
-    """An intent of the account's text, authorized at ``T0``: its slot closes the window until ``T0 + WINDOW``."""
-    first = store.submit("acct", "post", "room-1", {"text": "same text"})
-    lease = store.begin(first.key, lease_seconds=LEASE)
-    store.authorize_dispatch(lease, request_digest=first.request_digest)
+def _window_race(store, set_clock, monkeypatch, first=None):
+    """An intent of the account's text authorized at ``T0`` (its slot closes the window until ``T0 + WINDOW``),
+    then another of the same text submitted half a second inside the window. Returns that intent and the list of
+    diagnoses (:func:`_diagnoses`); the first diagnosis runs ``first``, by default moving the clock past the
+    window's edge."""
+    earlier = store.submit("acct", "post", "room-1", {"text": "same text"})
+    lease = store.begin(earlier.key, lease_seconds=LEASE)
+    store.authorize_dispatch(lease, request_digest=earlier.request_digest)
+    set_clock(T0 + WINDOW - 0.5)
+    second = store.submit("acct", "post", "room-2", {"text": "same text"})
+
+    def crosses_the_edge(self, ev, key):
+        set_clock(T0 + WINDOW + 0.5)
+        return None
+
+    return second, _diagnoses(monkeypatch, store, first=first or crosses_the_edge)
+
+
+def _lapsing_lease(store, set_clock, monkeypatch):
+    """An intent begun at ``T0`` whose lease is still live half a second before it lapses; the first diagnosis
+    moves the clock past the lapse. Returns the intent, its lease, the row as read then, and the diagnoses."""
+    it = store.submit("acct", "post", "room-1", {"text": "hello"})
+    lease = store.begin(it.key, lease_seconds=LEASE)
+    set_clock(T0 + LEASE - 0.5)
+    snapshot = store.get(it.key)
+
+    def lapses(self, ev, key):
+        set_clock(T0 + LEASE + 0.5)
+        return None
+
+    return it, lease, snapshot, _diagnoses(monkeypatch, store, first=lapses)
+
+
+def _first_write_misses(monkeypatch, event, in_transaction=False):
+    """Make the first write of ``event`` miss for real (it presents a superseded generation); with
+    ``in_transaction``, only the builds of the transaction path count. Returns the list of builds counted."""
+    real_params = SqlStore._params
+    built: list[str] = []
+
+    def params(self, ev, key, args, conn, prefix="p_"):
+        out = real_params(self, ev, key, args, conn, prefix)
+        if ev.name == event and (conn is not None or not in_transaction):
+            built.append(ev.name)
+            if len(built) == 1:
+                out[f"{prefix}generation"] = -1
+        return out
+
+    monkeypatch.setattr(SqlStore, "_params", params)
+    return built
 
 
 def _events(store, key):
@@ -112,15 +117,7 @@ def test_a_retried_begin_and_authorize_leaves_one_begin_one_authorization_and_on
     refused and diagnosed after the edge; SQLite: the transaction path alone. Either way the first try's begin
     (and its attempt row, its generation) is rolled back, and the second try's moves are the only ones."""
     store, set_clock = moving_clock_store
-    _authorize_first(store)
-    set_clock(T0 + WINDOW - 0.5)
-    second = store.submit("acct", "post", "room-2", {"text": "same text"})
-
-    def crosses_the_edge(self, ev, key):
-        set_clock(T0 + WINDOW + 0.5)
-        return None
-
-    seen = _diagnoses(monkeypatch, store, first=crosses_the_edge)
+    second, seen = _window_race(store, set_clock, monkeypatch)
     lease, moved = store.begin_and_authorize(second.key, request_digest=second.request_digest)
     assert moved.state == STATE.authorized
     assert seen == [(EVENT.authorize_dispatch, False)]
@@ -133,16 +130,7 @@ def test_a_retried_begin_and_authorize_leaves_one_begin_one_authorization_and_on
 def test_a_lease_lapsing_between_write_and_diagnosis_lets_the_sweeper_abandon_it(moving_clock_store, monkeypatch):
     """The clock guard the other way round: ``lease_expired`` refuses at the write, passes at the diagnosis."""
     store, set_clock = moving_clock_store
-    it = store.submit("acct", "post", "room-1", {"text": "hello"})
-    store.begin(it.key, lease_seconds=LEASE)
-    set_clock(T0 + LEASE - 0.5)
-    snapshot = store.get(it.key)
-
-    def lapses(self, ev, key):
-        set_clock(T0 + LEASE + 0.5)
-        return None
-
-    seen = _diagnoses(monkeypatch, store, first=lapses)
+    it, _, snapshot, seen = _lapsing_lease(store, set_clock, monkeypatch)
     moved = store.abandon_attempt(snapshot)
     assert (moved.state, moved.attempt_token) == (STATE.pending, None)
     assert seen == [(EVENT.abandon_attempt, False)]
@@ -158,16 +146,7 @@ def test_a_sequence_whose_first_lease_lapses_between_write_and_diagnosis_is_trie
     at its write (the lease is still live) and its diagnosis finds the lease lapsed: as for the single move
     (test above) and as on SQLite, the sequence is tried once more and both moves are made."""
     store, set_clock = moving_clock_store
-    it = store.submit("acct", "post", "room-1", {"text": "hello"})
-    old = store.begin(it.key, lease_seconds=LEASE)
-    set_clock(T0 + LEASE - 0.5)
-    snapshot = store.get(it.key)
-
-    def lapses(self, ev, key):
-        set_clock(T0 + LEASE + 0.5)
-        return None
-
-    seen = _diagnoses(monkeypatch, store, first=lapses)
+    it, old, snapshot, seen = _lapsing_lease(store, set_clock, monkeypatch)
     stale = {"attempt_token": snapshot.attempt_token, "generation": snapshot.generation}
     steps = [(EVENT.abandon_attempt, stale), (EVENT.begin, lambda prev: {"lease_seconds": LEASE})]
     abandoned, begun = store._moves(it.key, steps)
@@ -186,15 +165,7 @@ def test_the_dispatcher_sends_once_when_the_window_clears_between_the_write_and_
     from tests.test_service import Echo
 
     store, set_clock = moving_clock_store
-    _authorize_first(store)
-    set_clock(T0 + WINDOW - 0.5)
-    it = store.submit("acct", "post", "room-2", {"text": "same text"})
-
-    def crosses_the_edge(self, ev, key):
-        set_clock(T0 + WINDOW + 0.5)
-        return None
-
-    seen = _diagnoses(monkeypatch, store, first=crosses_the_edge)
+    it, seen = _window_race(store, set_clock, monkeypatch)
     echo = Echo()
     config = RuntimeConfig(lease_seconds=LEASE, send_lease_seconds=LEASE, reconcile_interval=0)
     assert Dispatcher(store, echo, config, fused=True).dispatch(it.key) == "read_back.match"
@@ -330,10 +301,7 @@ def test_a_sequence_refused_after_its_retry_names_the_authorization_and_leaves_n
     """The first try's authorization misses with a staged race; the second try's is refused by the window, which
     has not cleared: the refusal names authorize_dispatch, and neither try's begin is left behind."""
     store, set_clock = moving_clock_store
-    _authorize_first(store)
-    set_clock(T0 + WINDOW - 0.5)
-    second = store.submit("acct", "post", "room-2", {"text": "same text"})
-    seen = _diagnoses(monkeypatch, store, first=_race)
+    second, seen = _window_race(store, set_clock, monkeypatch, first=_race)
     with pytest.raises(GuardRefused) as e:
         store.begin_and_authorize(second.key, request_digest=second.request_digest)
     assert (e.value.event, e.value.guard, e.value.state) == (
@@ -393,18 +361,7 @@ def test_a_retried_outcome_sequence_records_the_send_and_its_read_back_once(sql_
     store = sql_store
     it = store.submit("acct", "post", "room-1", {"text": "hello"})
     lease, _ = store.begin_and_authorize(it.key, request_digest=it.request_digest)
-    real_params = SqlStore._params
-    built: list[str] = []
-
-    def params(self, ev, key, args, conn, prefix="p_"):
-        out = real_params(self, ev, key, args, conn, prefix)
-        if ev.name == EVENT.confirm_read_back and conn is not None:  # the transaction path's builds
-            built.append(ev.name)
-            if len(built) == 1:
-                out[f"{prefix}generation"] = -1
-        return out
-
-    monkeypatch.setattr(SqlStore, "_params", params)
+    built = _first_write_misses(monkeypatch, EVENT.confirm_read_back, in_transaction=True)
     monkeypatch.setattr(store, "_fused", lambda key, steps: None)  # PostgreSQL: to the transaction path
     seen = _diagnoses(monkeypatch, store, first=_race)
     moved = store.record_sent(lease, remote_id="obj-1", read_back="read_back.match")
@@ -435,18 +392,7 @@ def test_a_pipelined_outcome_move_refused_once_is_made_on_its_second_try_exactly
         assert store.async_outcomes
         it = store.submit("acct", "post", "room-1", {"text": "hello"})
         lease, _ = store.begin_and_authorize(it.key, request_digest=it.request_digest)
-        real_params = SqlStore._params
-        built: list[str] = []
-
-        def params(self, ev, key, args, conn, prefix="p_"):
-            out = real_params(self, ev, key, args, conn, prefix)
-            if ev.name == EVENT.record_not_sent:
-                built.append(ev.name)
-                if len(built) == 1:
-                    out[f"{prefix}generation"] = -1  # the first write misses for real
-            return out
-
-        monkeypatch.setattr(SqlStore, "_params", params)
+        built = _first_write_misses(monkeypatch, EVENT.record_not_sent)
         seen = _diagnoses(monkeypatch, store, first=_race)
         moved = store.record_not_sent(lease, reason="connect refused")
         assert moved.state == STATE.failed

@@ -14,7 +14,9 @@ from atmostonce.runtime import Dispatcher, Reconciler, RuntimeConfig, SimulatedC
 from atmostonce_http import HttpTransport, PlatformSink, sink_config
 from tests.helpers import submit
 
-CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0)
+CONFIG = RuntimeConfig(
+    lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0, retry_backoff=0
+)  # a proven not-sent is retried on the next pass
 
 
 @pytest.fixture(params=[True, False], ids=["fenced", "unfenced"])

@@ -17,7 +17,7 @@ from tests.helpers import submit, to_state
 _points = test_observe._points
 otel = test_observe.otel  # the fixture, shared
 
-CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=0)
 
 
 class Platform:

@@ -32,7 +32,7 @@ from atmostonce.testing.stateful import FakeClock
 from atmostonce.transport import Capabilities, Found, NotFound, Sent, Unsupported
 from tests.helpers import begin_authorize, submit, to_state
 
-CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0)
+CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, reconcile_interval=0, retry_backoff=0)
 
 
 # ---------------------------------------------------------------- the worker loop

@@ -220,7 +220,9 @@ def run_demo(
         store.close()
         raise ValueError(f"the demo needs an empty database; this one holds {existing} intents")
     run = uuid.uuid4().hex[:8]
-    config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5)
+    config = RuntimeConfig(
+        lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5, retry_backoff=0.5
+    )  # the demo's time, compressed
     crasher = _Crasher(crash_rate, seed)
     started = time.monotonic()
     with PlatformSink(dedupe=False, fenced_lookup=True, delay_seconds=1.2, read_lag_seconds=0.4) as sink:

@@ -354,6 +354,7 @@ def cmd_submit(args) -> int:
             request,
             requires_approval=args.requires_approval,
             **({} if args.max_attempts is None else {"max_attempts": args.max_attempts}),
+            **({} if args.max_reconciles is None else {"max_reconciles": args.max_reconciles}),
         )
     finally:
         store.close()
@@ -414,7 +415,13 @@ def add_commands(sub, db) -> None:
     s.add_argument("target")
     s.add_argument("payload", nargs="?", help="the request as a JSON object; '-' or nothing: read it from stdin")
     s.add_argument("--requires-approval", action="store_true")
-    s.add_argument("--max-attempts", type=int)
+    s.add_argument("--max-attempts", type=int, help="sends allowed before it is parked (default 3)")
+    s.add_argument(
+        "--max-reconciles",
+        type=int,
+        help="lookups of an unknown send before it is parked for a person (default 3; more for a platform "
+        "that creates objects some seconds after it answers)",
+    )
     s.set_defaults(func=cmd_submit)
     st = db(sub.add_parser("status", help="intents per state, the oldest waiting for a person, send and lookup counts"))
     st.set_defaults(func=cmd_status)

@@ -124,7 +124,9 @@ def _run(
     progress_every, read_timeout, delay_seconds, started,
 ) -> MatrixDemoResult:  # fmt: skip
     run = uuid.uuid4().hex[:8]
-    config = RuntimeConfig(lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5)
+    config = RuntimeConfig(
+        lease_seconds=2.0, send_lease_seconds=3.0, retries_per_tick=25, reconcile_interval=0.5, retry_backoff=0.5
+    )  # the demo's time, compressed
     crasher = _Crasher(crash_rate, seed)
 
     with FaultProxy("127.0.0.1", hs.port, delay_seconds=delay_seconds) as proxy:

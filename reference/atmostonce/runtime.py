@@ -110,7 +110,7 @@ class RuntimeConfig:
     first_look_after: float = 0.0
     lookup_error_backoff: float = 1.0
     lookup_error_backoff_max: float = 60.0
-    retry_backoff: float = 0.0
+    retry_backoff: float = 5.0
     retry_backoff_max: float = 300.0
     retry_after_max: float = 86_400.0
 
@@ -767,10 +767,10 @@ class Sweeper:
     store: MaintenanceStore
     config: RuntimeConfig = field(default_factory=RuntimeConfig)
     _pages: dict[str, RoundRobin[Intent]] = field(default_factory=dict, init=False, repr=False)
-    _pauses: dict[str, tuple[tuple[float, int, int | None], float]] = field(
+    _pauses: dict[str, tuple[tuple[float, int, int | None], float, bool]] = field(
         default_factory=dict, init=False, repr=False
     )
-    """Failed intents' requested pauses: key -> ((``updated_at``, attempts, generation) of the failing move, seconds)."""
+    """Failed intents' requested pauses: key -> ((``updated_at``, attempts, generation) of the failing move, seconds, whether a person made that move)."""
 
     def sweep_leases(self) -> dict[str, int]:
         """Returns counts: ``expired`` (to indeterminate), ``abandoned`` (pre-authorization), ``skipped``."""
@@ -832,26 +832,32 @@ class Sweeper:
 
     def retry_wait(self, it: Intent) -> float:
         """Seconds (store clock) after ``it.updated_at`` before the failed intent ``it`` is re-queued: the
-        backoff for the attempts it has made, or the pause its platform asked for when that is longer."""
+        backoff for the attempts it has made, or the pause its platform asked for when that is longer; 0 when a
+        person's move left it failed (``resolve_not_sent``: the person decided it goes out again)."""
         c = self.config
+        pause, by_person = self._asked_pause(it)
+        if by_person:
+            return 0.0
         backoff = min(c.retry_backoff_max, c.retry_backoff * 2.0 ** min(max(it.attempt_count - 1, 0), 60))
-        return max(backoff, min(c.retry_after_max, self._asked_pause(it)))
+        return max(backoff, min(c.retry_after_max, pause))
 
-    def _asked_pause(self, it: Intent) -> float:
+    def _asked_pause(self, it: Intent) -> tuple[float, bool]:
         """The pause the platform asked for when the send that failed ``it`` was refused (``retry_after`` in the
-        history row of the move that left it ``failed``), or 0. Read once per failing move (a store without
-        ``history`` has none)."""
+        history row of the move that left it ``failed``), or 0; and whether that move was a person's (a human
+        actor's event in the table). Read once per failing move (a store without ``history`` has neither)."""
         seen = self._pauses.get(it.key)
         if seen is not None and seen[0] == (it.updated_at, it.attempt_count, it.generation):
-            return seen[1]
+            return seen[1], seen[2]
         history = getattr(self.store, "history", None)
         rows = history(it.key) if history is not None else []
-        asked = rows[-1].detail.get("retry_after") if rows and rows[-1].to_state == it.state else None
+        last = rows[-1] if rows and rows[-1].to_state == it.state else None
+        asked = last.detail.get("retry_after") if last is not None else None
         pause = float(asked) if isinstance(asked, (int, float)) and not isinstance(asked, bool) else 0.0
+        by_person = last is not None and last.event in self.store.table.events and self.store.table.is_human(last.event)
         if len(self._pauses) > 10_000:  # intents that left the failed state elsewhere (an operator's move)
             self._pauses.clear()
-        self._pauses[it.key] = ((it.updated_at, it.attempt_count, it.generation), pause)
-        return pause
+        self._pauses[it.key] = ((it.updated_at, it.attempt_count, it.generation), pause, by_person)
+        return pause, by_person
 
     def _failed(self, state: str, limit: int) -> list[Intent]:
         pages = self._pages.get(state)

@@ -31,7 +31,7 @@ PARKED = T.outcomes["reconcile.budget_spent"].state
 UNKNOWN_STATE = T.outcomes["send.unknown"].state
 FAILED = T.outcomes["send.not_sent"].state
 PENDING = T.initial
-NOW = RuntimeConfig(reconcile_interval=0.0, first_look_after=0.0)
+NOW = RuntimeConfig(reconcile_interval=0.0, first_look_after=0.0, retry_backoff=0)  # retried on the next pass
 
 
 def _mid(transport: EmailTransport, key: str) -> str:
@@ -96,7 +96,7 @@ def test_a_refusal_before_data_is_retried_and_lands_once(sqlite_store, relay, re
     relay.plan("refuse_mail")
     assert Dispatcher(sqlite_store, relayed).dispatch(it.key) == "send.not_sent"
     assert sqlite_store.get(it.key).state == FAILED
-    assert Sweeper(sqlite_store).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
+    assert Sweeper(sqlite_store, NOW).retry_failed() == {"retried": 1, "exhausted": 0, "waiting": 0, "skipped": 0}
     assert Dispatcher(sqlite_store, relayed).dispatch(it.key) == "read_back.match"
     assert [r.mode for r in relay.records] == ["refuse_mail", "pass"]
     assert [r.payload_forwarded for r in relay.records] == [False, True]
@@ -188,7 +188,7 @@ def test_forty_sends_through_refusals_and_drops_land_at_most_once_in_the_mailbox
         if not queued:
             break
         outcomes.update(dispatcher.dispatch(k) for k in queued)
-        Sweeper(sqlite_store).retry_failed()
+        Sweeper(sqlite_store, NOW).retry_failed()
     relay.clear()
     assert mail_servers.wait_for_empty_queue()
     fast = EmailTransport(email_config(mail_servers, read_wait_seconds=0))

@@ -15,7 +15,7 @@ from atmostonce_http import HttpTransport, PlatformSink, sink_config
 from atmostonce_matrix.proxy import FaultProxy
 
 HOLD_SECONDS = 3.0  # how long the relay holds the first create (the client's read timeout is 0.8 s)
-CONFIG = RuntimeConfig(reconcile_interval=0.0)
+CONFIG = RuntimeConfig(reconcile_interval=0.0, retry_backoff=0)  # a proven absence is retried on the next pass
 
 
 def test_a_create_held_in_the_network_past_a_fenced_absence_is_refused_and_the_retry_is_the_one_object(sql_store):

@@ -18,7 +18,9 @@ from atmostonce_matrix import KEY_FIELD, MatrixConfig, MatrixTransport
 from atmostonce_matrix.proxy import FaultProxy
 from atmostonce_matrix.synapse import MatrixUser, SynapseServer
 
-CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0)
+CONFIG = RuntimeConfig(
+    lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0, retry_backoff=0
+)  # a proven not-sent is retried on the next pass
 READ_TIMEOUT = 1.5  # the transport's; every proxy delay below is longer
 DELAY = 2.0
 

@@ -386,10 +386,13 @@ class RuntimeHarness:
     """The runtime operations for one store: ``atmostonce.runtime`` against a :class:`ScriptedPlatform`.
 
     Runtime settings: ``lease_seconds`` 10 and ``send_lease_seconds`` 10 unless the dispatch
-    says otherwise, ``retries_per_tick`` 100, lookups not spaced (``reconcile_interval`` 0).
+    says otherwise, ``retries_per_tick`` 100, lookups not spaced (``reconcile_interval`` 0), retries not
+    spaced (``retry_backoff`` 0).
     """
 
-    CONFIG = RuntimeConfig(lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0)
+    CONFIG = RuntimeConfig(
+        lease_seconds=10, send_lease_seconds=10, retries_per_tick=100, reconcile_interval=0, retry_backoff=0
+    )  # a case's tick retries a proven not-sent at once: the cases have no clock of their own
     dispatcher_cls: type[Dispatcher] = Dispatcher
     """The dispatcher class the ``dispatch`` operations run (a subclass, to test a runtime change)."""
     reconciler_cls: type[Reconciler] = Reconciler
