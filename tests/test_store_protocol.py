@@ -55,6 +55,7 @@ CALLERS: dict[tuple[str, str], type] = {
     ("runtime.py", "late_remote_id"): MaintenanceStore,  # the reconciler's probe for late evidence
     ("runtime.py", "verify_remote_object"): OperatorStore,  # `resolve --published` in the CLI and the console
     ("runtime.py", "look_before_sending_again"): OperatorStore,  # `resend`, `resolve --not-sent`: CLI, console
+    ("runtime.py", "_look_under_every_key"): OperatorStore,  # its helper
     ("service.py", "*"): IntakeStore,
     ("aio.py", "*"): IntakeStore,
     ("audit.py", "*"): AuditStore,

@@ -518,7 +518,7 @@ def _look_before_sending_again(args, store: OperatorStore, key: str, event: str)
         return {"looked_up": [], "why": None}  # the move will be refused by its source state (with its hint)
     transport = _platform(args)
     try:
-        return look_before_sending_again(store, transport, key)
+        return look_before_sending_again(store, transport, key, event)
     finally:
         transport.close()
 

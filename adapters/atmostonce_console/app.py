@@ -281,7 +281,7 @@ def create_app(
             return {}  # the move is refused by its source state, with its hint
         transport = platform()
         try:
-            looked = look_before_sending_again(store, transport, key)
+            looked = look_before_sending_again(store, transport, key, event)
         finally:
             transport.close()
         return {"looked_up": looked["looked_up"], **({"not_looked_up": looked["why"]} if looked["why"] else {})}

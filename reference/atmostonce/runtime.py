@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from . import observe
 from .errors import (
+    LOST_RACE,
     SOURCE_STATE,
     FoundOnPlatform,
     GuardRefused,
@@ -36,7 +37,7 @@ from .errors import (
     RetractionUnsupported,
 )
 from .identity import canonical_json, platform_idempotency_key, request_digest
-from .names import ACTOR, CLAIM_GUARD, EVENT, GUARD, OUTCOME, STATE
+from .names import ACTOR, CLAIM_GUARD, EFFECT, EVENT, GUARD, OUTCOME, STATE
 from .protocols import IntakeStore, MaintenanceStore, OperatorStore, WorkerStore
 from .records import (
     DEFAULT_MAX_ATTEMPTS,
@@ -228,26 +229,51 @@ def verify_remote_object(store: OperatorStore, transport: Transport, key: str, r
     return {"verified": True, "read_back": outcome, "remote_id": remote_id}
 
 
-def look_before_sending_again(store: OperatorStore, transport: Transport, key: str) -> dict[str, Any]:
-    """Before a person sends intent ``key`` again (``resend``, ``resolve --not-sent``): look it up on the platform
-    under every idempotency key its attempts were sent under, newest first, writing nothing.
+def look_before_sending_again(
+    store: OperatorStore, transport: Transport, key: str, event: str | None = None
+) -> dict[str, Any]:
+    """Before a person sends intent ``key`` again by ``event`` (``resend``, the default, or ``resolve_not_sent``): look it up on the
+    platform under every idempotency key its attempts were sent under, newest first, writing nothing.
 
-    Returns what was looked at, to show the person: ``{"looked_up": [platform keys], "why": None}``, or with an
-    empty list and ``why`` when nothing could be looked up (the transport has no lookup by key, or no attempt
-    was made). Raises :class:`FoundOnPlatform` for the first key an object is found under (whatever it holds:
-    an object under the intent's key is its post); whatever the transport raises when the platform gives no
-    usable answer propagates (e.g. ``HttpTransportError``): nothing is decided then. A lookup that finds
-    nothing proves nothing (docs/design.md#a-fence-is-a-tombstone): the person still decides."""
-    it = store.get(key)
+    Returns what was looked at, to show the person: ``{"looked_up": [platform keys], "why": None}``, or with
+    ``why`` saying what was not looked up: the transport has no lookup by key, no attempt was made, or (a fenced
+    lookup, which tombstones a key it finds nothing under) the key ``event`` sends under again, when the move
+    keeps it: looking there would make the platform refuse the very send the person allows.
+
+    Raises :class:`FoundOnPlatform` for the first key an object is found under (whatever it holds: an object
+    under the intent's key is its post); :class:`Rejected` (guard ``lost_race``) when the intent's attempts
+    changed during the look three times running (someone else sent it again meanwhile: the keys looked at are not
+    all its keys); whatever the transport raises when the platform gives no usable answer propagates (e.g.
+    ``HttpTransportError``): nothing is decided then. A lookup that finds nothing proves nothing
+    (docs/design.md#a-fence-is-a-tombstone): the person still decides."""
     if not transport.capabilities.lookup_by_key:
         return {"looked_up": [], "why": "the platform config has no lookup by key"}
+    table = store.table
+    event = EVENT.resend if event is None else event
+    keeps_key = not ({EFFECT.bump_resend_epoch, EFFECT.bump_fence_epoch} & set(table.event(event).effects))
+    for _ in range(3):
+        it = store.get(key)
+        seen = (it.state, it.attempt_count, it.generation, it.resend_epoch, it.fence_epoch)
+        looked = _look_under_every_key(store, transport, it, keeps_key)
+        after = store.get(key)
+        if (after.state, after.attempt_count, after.generation, after.resend_epoch, after.fence_epoch) == seen:
+            return looked
+    raise Rejected(event, key, LOST_RACE, after.state, "the intent was sent again while it was being looked up")
+
+
+def _look_under_every_key(store: OperatorStore, transport: Transport, it: Intent, keeps_key: bool) -> dict[str, Any]:
     epochs: list[tuple[int, int]] = []
-    for a in reversed(store.attempts(key)):
+    for a in reversed(store.attempts(it.key)):
         pair = (it.resend_epoch, it.fence_epoch) if a.resend_epoch is None else (a.resend_epoch, a.fence_epoch)
         if pair not in epochs:
             epochs.append(pair)
     if not epochs:
         return {"looked_up": [], "why": "no attempt was made"}
+    why = None
+    if transport.capabilities.fenced_lookup and keeps_key:
+        next_key = platform_idempotency_key(it.key, it.resend_epoch, it.fence_epoch)
+        epochs = [e for e in epochs if e != (it.resend_epoch, it.fence_epoch)]
+        why = f"not under {next_key}: a fenced lookup would tombstone the key this move sends under again"
     looked: list[str] = []
     for resend_epoch, fence_epoch in epochs:
         platform_key = platform_idempotency_key(it.key, resend_epoch, fence_epoch)
@@ -257,7 +283,7 @@ def look_before_sending_again(store: OperatorStore, transport: Transport, key: s
             raise FoundOnPlatform(it.key, res.remote_id, platform_key)
         if isinstance(res, Unsupported):
             return {"looked_up": looked[:-1], "why": f"the platform cannot look up by key: {res.reason}"}
-    return {"looked_up": looked, "why": None}
+    return {"looked_up": looked, "why": why}
 
 
 MAX_EVIDENCE_BYTES = 16 * 1024
@@ -856,6 +882,8 @@ class Sweeper:
         by_person = last is not None and last.event in self.store.table.events and self.store.table.is_human(last.event)
         if len(self._pauses) > 10_000:  # intents that left the failed state elsewhere (an operator's move)
             self._pauses.clear()
+        # a person's park and resolve_not_sent within the store clock's one reading after the failing move leave
+        # this key as it was: that person's retry then waits the machine's backoff once (the row is the same)
         self._pauses[it.key] = ((it.updated_at, it.attempt_count, it.generation), pause, by_person)
         return pause, by_person
 
