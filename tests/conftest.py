@@ -183,3 +183,22 @@ def moving_clock_store(request, monkeypatch):
     yield store, set_clock
     store.close()
     dbs.drop(url)
+
+
+@pytest.fixture
+def cli_on_json_server(tmp_path):
+    """``(store, url, server, config)``: a SQLite store for the CLI, json-server (a REST server nobody here wrote)
+    and a platform config file for it (JSON, the shipped json-server profile's fields)."""
+    import json
+
+    from atmostonce_sql import open_store
+    from tests.http.jsonserver import JsonServer, profile
+
+    url = f"sqlite:///{tmp_path / 'ops.sqlite3'}"
+    store = open_store(url)
+    (tmp_path / "js").mkdir()
+    with JsonServer(tmp_path / "js") as server:
+        cfg = tmp_path / "platform.json"
+        cfg.write_text(json.dumps(profile(server.url)))
+        yield store, url, server, str(cfg)
+    store.close()

@@ -13,21 +13,13 @@ from atmostonce.identity import platform_idempotency_key
 from atmostonce.runtime import wire_request
 from atmostonce_cli.main import EXIT_OK, EXIT_REFUSED
 from atmostonce_http import HttpTransport
-from atmostonce_sql import open_store
 from tests.helpers import run_cli, to_state
-from tests.http.jsonserver import JsonServer, profile
+from tests.http.jsonserver import profile
 
 
 @pytest.fixture
-def setup(tmp_path):
-    url = f"sqlite:///{tmp_path / 'ops.sqlite3'}"
-    store = open_store(url)
-    (tmp_path / "js").mkdir()
-    with JsonServer(tmp_path / "js") as server:
-        cfg = tmp_path / "platform.json"
-        cfg.write_text(json.dumps(profile(server.url)))
-        yield store, url, server, str(cfg)
-    store.close()
+def setup(cli_on_json_server):
+    return cli_on_json_server
 
 
 def _landed_late(server, store, key):

@@ -480,15 +480,8 @@ def test_resolve_not_sent_after_a_fenced_look_first_is_sent_and_not_refused_by_i
 
 
 @pytest.fixture
-def js(tmp_path):
-    from atmostonce_sql import open_store
-
-    url = f"sqlite:///{tmp_path / 'ops.sqlite3'}"
-    store = open_store(url)
-    (tmp_path / "js").mkdir()
-    with JsonServer(tmp_path / "js") as server:
-        yield store, url, server, _write_profile(tmp_path, profile(server.url))
-    store.close()
+def js(cli_on_json_server):
+    return cli_on_json_server
 
 
 @pytest.mark.parametrize("command", [("resend",), ("resolve", "--not-sent")], ids=["resend", "resolve-not-sent"])
