@@ -514,8 +514,6 @@ def _look_before_sending_again(args, store: OperatorStore, key: str, event: str)
 
     if not args.platform_config:
         return {"looked_up": [], "why": "no --platform-config to look it up"}
-    if store.get(key).state not in store.table.sources(event):
-        return {"looked_up": [], "why": None}  # the move will be refused by its source state (with its hint)
     transport = _platform(args)
     try:
         return look_before_sending_again(store, transport, key, event)

@@ -277,8 +277,6 @@ def create_app(
             return {"looked_up": [], "not_looked_up": "the console has no --platform-config to look it up"}
         from atmostonce.runtime import look_before_sending_again
 
-        if store.get(key).state not in t.sources(event):
-            return {}  # the move is refused by its source state, with its hint
         transport = platform()
         try:
             looked = look_before_sending_again(store, transport, key, event)

@@ -235,7 +235,8 @@ def look_before_sending_again(
     """Before a person sends intent ``key`` again by ``event`` (``resend``, the default, or ``resolve_not_sent``): look it up on the
     platform under every idempotency key its attempts were sent under, newest first, writing nothing.
 
-    Returns what was looked at, to show the person: ``{"looked_up": [platform keys], "why": None}``, or with
+    Returns what was looked at, to show the person: ``{"looked_up": [platform keys], "why": None}`` (no keys when
+    ``event`` cannot leave the intent's state: the move is then refused by its source state), or with
     ``why`` saying what was not looked up: the transport has no lookup by key, no attempt was made, or (a fenced
     lookup, which tombstones a key it finds nothing under) the key ``event`` sends under again, when the move
     keeps it: looking there would make the platform refuse the very send the person allows.
@@ -246,10 +247,12 @@ def look_before_sending_again(
     all its keys); whatever the transport raises when the platform gives no usable answer propagates (e.g.
     ``HttpTransportError``): nothing is decided then. A lookup that finds nothing proves nothing
     (docs/design.md#a-fence-is-a-tombstone): the person still decides."""
-    if not transport.capabilities.lookup_by_key:
-        return {"looked_up": [], "why": "the platform config has no lookup by key"}
     table = store.table
     event = EVENT.resend if event is None else event
+    if store.get(key).state not in table.sources(event):
+        return {"looked_up": [], "why": None}  # the move is refused by its source state: ask the platform nothing
+    if not transport.capabilities.lookup_by_key:
+        return {"looked_up": [], "why": "the platform config has no lookup by key"}
     keeps_key = not ({EFFECT.bump_resend_epoch, EFFECT.bump_fence_epoch} & set(table.event(event).effects))
     for _ in range(3):
         it = store.get(key)
