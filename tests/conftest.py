@@ -165,11 +165,16 @@ def moving_clock_store(request, monkeypatch):
         store.close()
         return
     now = [MOVING_CLOCK_START]
+    tick = [0.0]
     register = atmostonce_sql.register_sqlite_functions
+
+    def read() -> float:
+        now[0] += tick[0]
+        return now[0]
 
     def with_clock(dbapi_conn):
         register(dbapi_conn)
-        dbapi_conn.create_function("aom_test_now", 0, lambda: now[0])
+        dbapi_conn.create_function("aom_test_now", 0, read)
 
     monkeypatch.setattr(atmostonce_sql, "register_sqlite_functions", with_clock)
     dbs = request.getfixturevalue("sqlite_databases")
@@ -177,8 +182,10 @@ def moving_clock_store(request, monkeypatch):
     store = atmostonce_sql.open_store(url, migrate=False, pool_size=4)
     store._now = sa.literal_column("aom_test_now()", sa.Float(53))
 
-    def set_clock(t: float) -> None:
-        now[0] = t
+    def set_clock(t: float, tick_per_read: float = 0.0) -> None:
+        """SQLite only: ``tick_per_read`` moves the clock that much at each reading, even within a statement."""
+        now[0] = t - tick_per_read
+        tick[0] = tick_per_read
 
     yield store, set_clock
     store.close()

@@ -502,7 +502,7 @@ class Statements:
             token,
             gen,
             sa.bindparam("p_detail", type_=history.c.detail.type),
-            self.now,
+            u.updated_at,  # the move's own clock reading, taken once by its conditional write
         )
         names = list(HISTORY_COLUMNS)
         if self.dialect == "postgresql":
