@@ -290,7 +290,8 @@ def durable_commits(dbapi_conn: Any, _record: Any = None) -> None:
 
 
 GENERIC_PLANS_SQL = (
-    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('enable_seqscan', 'off', false)"
+    "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), set_config('enable_seqscan', 'off', false), "
+    "set_config('jit', 'off', false)"
 )
 """Run on each new connection of a store's autocommit pool (PostgreSQL). That pool sends the statements of one
 intent (the moves, their diagnosis, the creating statement, the read by key), each finding its row by key. Their
@@ -307,7 +308,11 @@ a table's size when it was made. Made while the text claims looked empty, the au
 the next automatic ANALYZE (in ``tests/bench/ab_publish.py``, 0.7 ms against 0.45 ms for that statement).
 Every statement of this pool finds its rows by key or through the index its guard was written for, so the pool
 also turns sequential scans off (``enable_seqscan``): a table with an index is read through it whatever its
-statistics said; a table without one (the one-row meta table) is still read as it must be."""
+statistics said; a table without one (the one-row meta table) is still read as it must be.
+
+That scan is priced at PostgreSQL's disable cost (10^10), above every JIT threshold, so the pool also turns JIT
+off (``jit``): a plan with such a scan was compiled anew on each run, half a second of server CPU for a one-row
+statement (``tests/test_pg_session_no_jit.py``). These statements touch a row or a few; compiling never pays."""
 
 
 def generic_plans(dbapi_conn: Any, _record: Any = None) -> None:
