@@ -989,17 +989,41 @@ def cmd_settle(args) -> int:
         text += f"\n{len(plan)} intent(s) selected; nothing settled (dry run): add --yes to settle them"
         _emit(args, {"dry_run": True, "selected": plan}, text)
         return EXIT_OK
-    results = settle(store, [it.key for it in picked], as_=args.as_, operator=operator, reason=args.reason)
+    transport = _platform(args) if args.platform_config else None
+    try:
+        look = None
+        if transport is not None:
+            from atmostonce.runtime import look_before_sending_again
+
+            def look(key: str, event: str) -> dict[str, Any]:
+                return look_before_sending_again(store, transport, key, event)
+
+        results = settle(
+            store, [it.key for it in picked], as_=args.as_, operator=operator, reason=args.reason, look=look
+        )
+    finally:
+        if transport is not None:
+            transport.close()
     lines = []
     for r in results:
         if r.result == "moved":
             lines.append(f"{r.key[:16]}  {r.state_before} -> {r.state_after}")
+        elif r.found:
+            lines.append(
+                f"{r.key[:16]}  found on the platform: object {r.found['remote_id']} under key "
+                f"{r.found['platform_key']}; nothing written (record it: resolve --published {r.found['remote_id']})"
+            )
         elif r.refused:
             lines.append(f"{r.key[:16]}  refused by {r.refused['guard']} (state {r.refused['state']})")
         else:
             lines.append(f"{r.key[:16]}  error: {r.error}")
     moved = sum(r.result == "moved" for r in results)
     lines.append(f"{moved} of {len(results)} settled as {args.as_} by {operator}")
+    unlooked = [r for r in results if r.result == "moved" and r.lookup is not None and r.lookup["why"] is not None]
+    if unlooked and transport is None:
+        lines.append(f"{len(unlooked)} sent again NOT looked up on the platform first: no --platform-config")
+    elif unlooked:
+        lines.append(f"{len(unlooked)} sent again with a key NOT looked up on the platform first (--json: lookup.why)")
     _emit(args, {"dry_run": False, "results": [r.as_dict() for r in results]}, "\n".join(lines))
     return EXIT_OK if moved == len(results) else EXIT_REFUSED
 
@@ -1302,6 +1326,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--reason", required=True)
     st.add_argument("--limit", type=_limit, default=1000, help="select at most this many")
     st.add_argument("--yes", action="store_true", help="settle them (without it: list the selection, change nothing)")
+    st.add_argument(
+        "--platform-config",
+        metavar="FILE",
+        help="with --as not-sent or resend: look each intent up on this platform (a profile in TOML, or JSON) "
+        "under every key it was sent under first; one found there is not moved (exit 1)",
+    )
     st.set_defaults(func=cmd_settle)
     co = db(sub.add_parser("console", help="the web console for the states a person owns (docs/console.md)"))
     co.add_argument("--host", default="127.0.0.1", help="listen address (default loopback only)")

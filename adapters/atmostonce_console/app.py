@@ -405,8 +405,16 @@ def create_app(
                 error="tick the confirmation box to settle the selection",
                 stage="preview",
             )
+        transport = None if platform is None else platform()
         try:
-            results = settle(store, keys, as_=as_, operator=operator, reason=reason)
+            look = None
+            if transport is not None:
+                from atmostonce.runtime import look_before_sending_again
+
+                def look(key: str, event: str) -> dict[str, Any]:
+                    return look_before_sending_again(store, transport, key, event)
+
+            results = settle(store, keys, as_=as_, operator=operator, reason=reason, look=look)
         except IntakeError as exc:
             action_log.record(
                 operator=operator,
@@ -426,8 +434,20 @@ def create_app(
                 error=str(exc),
                 stage="preview",
             )
+        finally:
+            if transport is not None:
+                transport.close()
         for r in results:
-            res = {"done": {"state": r.state_after}} if r.result == "moved" else {r.result: r.refused or r.error}
+            looked: dict[str, Any] = {}
+            if r.lookup is not None:  # as a single intent's move records it (look_first)
+                looked = {"looked_up": r.lookup["looked_up"]} | (
+                    {"not_looked_up": r.lookup["why"]} if r.lookup["why"] else {}
+                )
+            res = (
+                {"done": {"state": r.state_after, **looked}}
+                if r.result == "moved"
+                else {r.result: r.refused or r.found or r.error}
+            )
             action_log.record(operator=operator, action=f"settle:{as_}", subject=r.key, reason=reason, result=res)
         return render(request, "settle.html", results=results, as_=as_, moves=SETTLE_MOVES, stage="done")
 

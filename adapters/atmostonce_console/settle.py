@@ -8,15 +8,16 @@ reported for that key and stops nothing else (docs/design.md, "The gate is the c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from atmostonce.errors import SOURCE_STATE, IntakeError, Rejected, StoreError
+from atmostonce.errors import SOURCE_STATE, FoundOnPlatform, IntakeError, Rejected, StoreError
+from atmostonce.names import EVENT
 from atmostonce.protocols import OperatorStore
 from atmostonce.records import Intent, check_text
 
-__all__ = ["SETTLE_MOVES", "SettleResult", "refusal_doc", "select", "settle", "would"]
+__all__ = ["SETTLE_MOVES", "Look", "SettleResult", "refusal_doc", "select", "sends_again", "settle", "would"]
 
 SETTLE_MOVES: Mapping[str, str] = {"not-sent": "resolve_not_sent", "resend": "resend", "park": "park"}
 """``--as`` choice -> the table event (and store method) it performs. ``published`` is not here: each object
@@ -26,7 +27,10 @@ has its own remote id, read back one by one on the intent page (``resolve --publ
 @dataclass(frozen=True)
 class SettleResult:
     """What settling one key did: ``result`` is ``moved`` (``state_after`` holds where it went), ``refused``
-    (``refused`` holds the typed refusal: event, guard, state, meaning, next moves) or ``error``."""
+    (``refused`` holds the typed refusal: event, guard, state, meaning, next moves), ``found`` (the platform's
+    lookup found the object before a move that sends it again: ``found`` holds ``key``, ``remote_id`` and
+    ``platform_key``; nothing was written) or ``error``. ``lookup``: what was looked up before a move that
+    sends again (``looked_up``, the platform keys; ``why``, what was not looked up), ``None`` for other moves."""
 
     key: str
     state_before: str | None
@@ -34,6 +38,8 @@ class SettleResult:
     state_after: str | None = None
     refused: dict[str, Any] | None = None
     error: str | None = None
+    found: dict[str, Any] | None = None
+    lookup: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,25 +119,63 @@ def refusal_doc(table, exc: Rejected) -> dict[str, Any]:
     return exc.as_dict() | {"meaning": meaning, "detail": exc.detail, "next": next_moves(table, exc)}
 
 
-def settle(store: OperatorStore, keys: Iterable[str], *, as_: str, operator: str, reason: str) -> list[SettleResult]:
-    """Settle each key by the move ``as_`` names, one guarded store move per key, in the order given."""
+Look = Callable[[str, str], dict[str, Any]]
+"""``(key, event) -> {"looked_up": [...], "why": ...}``: the platform's lookup before a person sends ``key``
+again by ``event`` (:func:`atmostonce.runtime.look_before_sending_again` bound to a store and a transport)."""
+
+
+def sends_again(table: Any, event: str) -> bool:
+    """Whether ``event`` leaves the intent where the machine sends it again: the table's initial state (a new
+    attempt is begun from it) or a state the retry move leaves (``resend``, ``resolve_not_sent``; not ``park``)."""
+    target = table.event(event).target
+    return target == table.initial or target in table.sources(EVENT.retry)
+
+
+def settle(
+    store: OperatorStore, keys: Iterable[str], *, as_: str, operator: str, reason: str, look: Look | None = None
+) -> list[SettleResult]:
+    """Settle each key by the move ``as_`` names, one guarded store move per key, in the order given.
+
+    A move that sends the intent again (:func:`sends_again`) is preceded, per key, by ``look`` when given: an
+    object found on the platform (:class:`~atmostonce.errors.FoundOnPlatform`) makes that key's result
+    ``found`` and a platform that gives no usable answer (the transport's error) makes it ``error``; nothing
+    is written for that key either way, and the other keys go on. Without ``look`` nothing is looked up and
+    each such result says so (``lookup.why``). Raises :class:`IntakeError` for an unknown ``as_`` or an
+    empty operator or reason."""
     event = _event(as_)
     operator = check_text("operator", operator)
     reason = check_text("reason", reason)
+    again = sends_again(store.table, event)
     out: list[SettleResult] = []
     for key in keys:
         found = store.find(key)
         before = None if found is None else found.state
+        lookup: dict[str, Any] | None = None
+        if again:
+            try:
+                lookup = {"looked_up": [], "why": "no platform to look it up"} if look is None else look(key, event)
+            except FoundOnPlatform as exc:
+                out.append(SettleResult(key, before, "found", found=exc.as_dict()))
+                continue
+            except Rejected as exc:  # the intent was sent again while it was being looked up
+                out.append(SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc)))
+                continue
+            except (IntakeError, StoreError) as exc:
+                out.append(SettleResult(key, before, "error", error=str(exc)))
+                continue
+            except Exception as exc:  # noqa: BLE001 - the transport's own error: the platform gave no answer
+                out.append(SettleResult(key, before, "error", error=f"lookup failed: {type(exc).__name__}: {exc}"))
+                continue
         try:
             if event == "resend":
                 it = store.resend(key, operator=operator)
             else:
                 it = getattr(store, event)(key, operator=operator, reason=reason)
         except Rejected as exc:
-            out.append(SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc)))
+            out.append(SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc), lookup=lookup))
             continue
         except (IntakeError, StoreError) as exc:
-            out.append(SettleResult(key, before, "error", error=str(exc)))
+            out.append(SettleResult(key, before, "error", error=str(exc), lookup=lookup))
             continue
-        out.append(SettleResult(key, before, "moved", state_after=it.state))
+        out.append(SettleResult(key, before, "moved", state_after=it.state, lookup=lookup))
     return out
