@@ -167,6 +167,34 @@ def test_a_reconcile_that_parks_an_unknown_send_names_it_and_exits_3_as_work_doe
         assert rc == EXIT_OK and "parked" not in json.loads(out)  # parked before this pass: not this pass's news
 
 
+def test_a_reconcile_whose_lookups_fail_names_them_and_exits_3(capsys, db, tmp_path):
+    """A platform that gives no answer (nothing listens on its port): the pass learnt nothing, so a scheduled
+    reconcile must not look done. Each send is named with its error; nothing is written, no lookup is spent."""
+    import socket
+
+    from atmostonce_cli.main import EXIT_STORE
+    from tests.http.jsonserver import profile
+
+    url, store = db
+    a, _ = to_state(store, "indeterminate", text="unknown one")
+    b, _ = to_state(store, "indeterminate", text="unknown two")
+    history = {k: len(store.history(k)) for k in (a.key, b.key)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = _write(tmp_path / "platform.json", json.dumps(profile(f"http://127.0.0.1:{port}")))
+    rc, out, _ = run(capsys, "--json", "reconcile", "--platform-config", cfg, "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_STORE
+    assert doc["lookup.error"] == 2
+    assert sorted((f["key"], f["state"]) for f in doc["lookup_failed"]) == sorted(
+        [(a.key, "indeterminate"), (b.key, "indeterminate")]
+    )
+    assert all(f["error"] for f in doc["lookup_failed"])
+    assert {k: len(store.history(k)) for k in history} == history
+    assert [store.get(k).reconcile_count for k in (a.key, b.key)] == [0, 0]
+
+
 def test_a_bad_platform_profile_is_reported_with_its_code_field_and_file_under_json(capsys, db, tmp_path):
     url, _ = db
     bad = tmp_path / "orders.toml"

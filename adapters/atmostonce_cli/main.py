@@ -466,12 +466,18 @@ def cmd_reconcile(args) -> int:
     store, transport = _store(args), profile.http_transport()
     try:
         unknown_before = [it.key for it in _all_intents(store, (STATE.indeterminate,))]
-        counts: dict[str, Any] = dict(Reconciler(store, transport, profile.runtime_config()).run(limit=args.limit))
+        reconciler = Reconciler(store, transport, profile.runtime_config())
+        counts: dict[str, Any] = dict(reconciler.run(limit=args.limit))
     finally:
         transport.close()
     # a send this pass parked (its lookups spent, or evidence that needs a person) is named, and the pass exits 3
-    # as `work` does, so that a scheduled reconcile does not leave it unnoticed
+    # as `work` does, so that a scheduled reconcile does not leave it unnoticed; so is one whose lookup failed
+    # (the platform gave no usable answer: nothing was learnt, its lookup budget is untouched)
     parked = [key for key in unknown_before if store.get(key).state == STATE.parked]
+    failed = [
+        {"key": key, "state": store.get(key).state, "error": said}
+        for key, (_, _, said) in reconciler.lookup_errors.items()
+    ]
     text = "  ".join(f"{k} {v}" for k, v in counts.items()) or "nothing to reconcile"
     if parked:
         counts["parked"] = [{"key": key, "state": STATE.parked} for key in parked]
@@ -479,8 +485,15 @@ def cmd_reconcile(args) -> int:
             f"\n{key}  outcome still unknown: now parked (not resent; see atmostonce intents show {key[:16]})"
             for key in parked
         )
+    if failed:
+        counts["lookup_failed"] = failed
+        text += "".join(
+            f"\n{f['key']}  the lookup failed, outcome still unknown: {f['error']} (nothing written; run "
+            "reconcile again once the platform answers)"
+            for f in failed
+        )
     _emit(args, counts, text)
-    return EXIT_STORE if parked else EXIT_OK
+    return EXIT_STORE if parked or failed else EXIT_OK
 
 
 def _moved(args, it: Intent) -> int:
@@ -1155,6 +1168,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="required: platform profile, TOML (spec/platforms/*.toml) or JSON of HttpPlatformConfig fields",
     )
     rc.add_argument("--limit", type=_limit, default=50, help="look up at most this many intents (0: none)")
+    rc.epilog = (
+        "exit 3 when a send this pass looked up was parked for a person (--json: parked) or its lookup failed "
+        "(--json: lookup_failed, with the error); nothing is resent either way"
+    )
     rc.set_defaults(func=cmd_reconcile)
 
     pk = db(sub.add_parser("park", help="stop the machine working on an intent (operator)"))
