@@ -123,3 +123,23 @@ def answer_json(handler: Any, status: int, data: bytes, raw_headers: Any = ()) -
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+def landed_late(server, store, key):
+    """The intent's request as its send carried it, created on json-server ``server`` now (a post that landed
+    after its sender stopped waiting); returns the object's id."""
+    from atmostonce.runtime import wire_request
+    from atmostonce_http import HttpTransport
+    from tests.http.jsonserver import profile
+
+    with HttpTransport(profile(server.url)) as t:
+        return t.send(wire_request(store.get(key))).remote_id
+
+
+def settle_parked(capsys, url, *extra):
+    """``atmostonce --json settle --state parked ... --yes`` by alice: ``(exit code, {key: result})``."""
+    import json
+
+    argv = ["--json", "settle", "--state", "parked", "--operator", "alice", "--reason", "looked", "--yes"]
+    rc, out, _ = run_cli(capsys, *argv, *extra, "--database-url", url)
+    return rc, {r["key"]: r for r in json.loads(out)["results"]}

@@ -13,24 +13,10 @@ import socket
 import pytest
 
 from atmostonce.identity import platform_idempotency_key
-from atmostonce.runtime import wire_request
 from atmostonce_cli.main import EXIT_OK, EXIT_REFUSED
-from atmostonce_http import HttpTransport
-from tests.helpers import run_cli, to_state
-from tests.http.jsonserver import profile
+from tests.helpers import landed_late, run_cli, settle_parked, to_state
 
 AS_ = {"resend": "pending", "not-sent": "failed"}
-
-
-def _landed_late(server, store, key):
-    with HttpTransport(profile(server.url)) as t:
-        return t.send(wire_request(store.get(key))).remote_id
-
-
-def _settle(capsys, url, *extra):
-    argv = ["--json", "settle", "--state", "parked", "--operator", "alice", "--reason", "looked", "--yes"]
-    rc, out, _ = run_cli(capsys, *argv, *extra, "--database-url", url)
-    return rc, {r["key"]: r for r in json.loads(out)["results"]}
 
 
 @pytest.mark.parametrize("as_", sorted(AS_))
@@ -38,9 +24,9 @@ def test_a_post_that_landed_late_is_not_settled_and_the_others_are_sent_once(cap
     store, url, server, cfg = cli_on_json_server
     late, _ = to_state(store, "parked", text="landed after the lookups")
     lost, _ = to_state(store, "parked", text="never landed")
-    remote_id = _landed_late(server, store, late.key)
+    remote_id = landed_late(server, store, late.key)
     before = [h.event for h in store.history(late.key)]
-    rc, results = _settle(capsys, url, "--as", as_, "--platform-config", cfg)
+    rc, results = settle_parked(capsys, url, "--as", as_, "--platform-config", cfg)
     assert rc == EXIT_REFUSED
     assert results[late.key]["result"] == "found"
     assert results[late.key]["found"] == {
@@ -60,7 +46,7 @@ def test_without_a_platform_config_each_resent_intent_says_it_was_not_looked_up(
     store, url, _, _ = cli_on_json_server
     a, _ = to_state(store, "parked", text="no config", account="acct-a")
     b, _ = to_state(store, "parked", text="no config either", account="acct-b")
-    rc, results = _settle(capsys, url, "--as", "resend", "--account", "acct-a")
+    rc, results = settle_parked(capsys, url, "--as", "resend", "--account", "acct-a")
     assert rc == EXIT_OK
     assert results[a.key]["lookup"] == {"looked_up": [], "why": "no platform to look it up"}
     rc, out, _ = run_cli(
@@ -91,25 +77,20 @@ def test_a_platform_that_does_not_answer_settles_nothing(capsys, cli_on_json_ser
     down = tmp_path / "down.json"
     with open(cfg) as f:
         down.write_text(json.dumps(json.load(f) | {"base_url": f"http://127.0.0.1:{port}"}))
-    rc, results = _settle(capsys, url, "--as", "resend", "--platform-config", str(down))
+    rc, results = settle_parked(capsys, url, "--as", "resend", "--platform-config", str(down))
     assert rc == EXIT_REFUSED
     assert {k: r["result"] for k, r in results.items()} == {a.key: "error", b.key: "error"}
     assert [store.get(k).state for k in (a.key, b.key)] == ["parked", "parked"]
 
 
 def test_the_console_settle_page_looks_first_when_it_has_a_platform(sql_store, tmp_path):
-    from tests.console.conftest import make_client, sign_in
-    from tests.http.jsonserver import JsonServer
+    from tests.console.conftest import console_on_json_server, sign_in
 
     store = sql_store
     late, _ = to_state(store, "parked", text="landed late")
     lost, _ = to_state(store, "parked", text="never landed")
-    (tmp_path / "js").mkdir()
-    with (
-        JsonServer(tmp_path / "js") as server,
-        make_client(store, tmp_path, platform=lambda: HttpTransport(profile(server.url))) as c,
-    ):
-        remote_id = _landed_late(server, store, late.key)
+    with console_on_json_server(store, tmp_path) as (server, c):
+        remote_id = landed_late(server, store, late.key)
         csrf = sign_in(c)
         keys = f"{late.key} {lost.key}"
         r = c.post("/settle", data={"csrf": csrf, "as": "resend", "keys": keys, "reason": "looked", "confirm": "yes"})

@@ -1011,9 +1011,25 @@ def cmd_settle(args) -> int:
             def look(key: str, event: str) -> dict[str, Any]:
                 return look_before_sending_again(store, transport, key, event)
 
-        results = settle(
-            store, [it.key for it in picked], as_=args.as_, operator=operator, reason=args.reason, look=look
-        )
+        results: list[Any] = []
+        try:
+            settle(
+                store,
+                [it.key for it in picked],
+                as_=args.as_,
+                operator=operator,
+                reason=args.reason,
+                look=look,
+                on_result=results.append,
+            )
+        except BaseException:  # an interrupt part-way: say what was moved before it, then let it end the command
+            _emit(
+                args,
+                {"dry_run": False, "interrupted": True, "results": [r.as_dict() for r in results]},
+                "\n".join(f"{r.key[:16]}  {r.result} {r.state_after or ''}".rstrip() for r in results)
+                + f"\ninterrupted after {len(results)} of {len(picked)}: the rest were not settled",
+            )
+            raise
     finally:
         if transport is not None:
             transport.close()

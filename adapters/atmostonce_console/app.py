@@ -43,7 +43,7 @@ from atmostonce.table import machine
 
 from .audit import ActionLog
 from .queue import ACTIONS, actions_for, build_queue
-from .settle import SETTLE_MOVES, refusal_doc, select, settle, would
+from .settle import SETTLE_MOVES, SettleResult, refusal_doc, select, settle, would
 
 __all__ = ["Credentials", "create_app"]
 
@@ -405,6 +405,20 @@ def create_app(
                 error="tick the confirmation box to settle the selection",
                 stage="preview",
             )
+
+        def log_result(r: SettleResult) -> None:  # as each key settles: an interrupt leaves every move logged
+            looked: dict[str, Any] = {}
+            if r.lookup is not None:  # as a single intent's move records it (look_first)
+                looked = {"looked_up": r.lookup["looked_up"]} | (
+                    {"not_looked_up": r.lookup["why"]} if r.lookup["why"] else {}
+                )
+            res = (
+                {"done": {"state": r.state_after, **looked}}
+                if r.result == "moved"
+                else {r.result: r.refused or r.found or r.error}
+            )
+            action_log.record(operator=operator, action=f"settle:{as_}", subject=r.key, reason=reason, result=res)
+
         transport = None if platform is None else platform()
         try:
             look = None
@@ -414,8 +428,8 @@ def create_app(
                 def look(key: str, event: str) -> dict[str, Any]:
                     return look_before_sending_again(store, transport, key, event)
 
-            results = settle(store, keys, as_=as_, operator=operator, reason=reason, look=look)
-        except IntakeError as exc:
+            results = settle(store, keys, as_=as_, operator=operator, reason=reason, look=look, on_result=log_result)
+        except IntakeError as exc:  # refused before any key was touched (the move, the operator, the reason)
             action_log.record(
                 operator=operator,
                 action=f"settle:{as_}",
@@ -437,18 +451,6 @@ def create_app(
         finally:
             if transport is not None:
                 transport.close()
-        for r in results:
-            looked: dict[str, Any] = {}
-            if r.lookup is not None:  # as a single intent's move records it (look_first)
-                looked = {"looked_up": r.lookup["looked_up"]} | (
-                    {"not_looked_up": r.lookup["why"]} if r.lookup["why"] else {}
-                )
-            res = (
-                {"done": {"state": r.state_after, **looked}}
-                if r.result == "moved"
-                else {r.result: r.refused or r.found or r.error}
-            )
-            action_log.record(operator=operator, action=f"settle:{as_}", subject=r.key, reason=reason, result=res)
         return render(request, "settle.html", results=results, as_=as_, moves=SETTLE_MOVES, stage="done")
 
     # ------------------------------------------------------------ policy

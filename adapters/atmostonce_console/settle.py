@@ -132,7 +132,14 @@ def sends_again(table: Any, event: str) -> bool:
 
 
 def settle(
-    store: OperatorStore, keys: Iterable[str], *, as_: str, operator: str, reason: str, look: Look | None = None
+    store: OperatorStore,
+    keys: Iterable[str],
+    *,
+    as_: str,
+    operator: str,
+    reason: str,
+    look: Look | None = None,
+    on_result: Callable[[SettleResult], None] | None = None,
 ) -> list[SettleResult]:
     """Settle each key by the move ``as_`` names, one guarded store move per key, in the order given.
 
@@ -140,42 +147,53 @@ def settle(
     object found on the platform (:class:`~atmostonce.errors.FoundOnPlatform`) makes that key's result
     ``found`` and a platform that gives no usable answer (the transport's error) makes it ``error``; nothing
     is written for that key either way, and the other keys go on. Without ``look`` nothing is looked up and
-    each such result says so (``lookup.why``). Raises :class:`IntakeError` for an unknown ``as_`` or an
-    empty operator or reason."""
+    each such result says so (``lookup.why``). A key the store cannot read (``IntakeError``) is that key's
+    ``error``.
+
+    ``on_result`` is called with each key's result as soon as it is known, so that a caller records every move
+    made even when something that is not an ``Exception`` (an interrupt) stops the settle part-way: that
+    propagates, and the key it stopped at was not moved by this call. Raises :class:`IntakeError` for an
+    unknown ``as_`` or an empty operator or reason, before any key is touched."""
     event = _event(as_)
     operator = check_text("operator", operator)
     reason = check_text("reason", reason)
     again = sends_again(store.table, event)
     out: list[SettleResult] = []
     for key in keys:
-        found = store.find(key)
-        before = None if found is None else found.state
-        lookup: dict[str, Any] | None = None
-        if again:
-            try:
-                lookup = {"looked_up": [], "why": "no platform to look it up"} if look is None else look(key, event)
-            except FoundOnPlatform as exc:
-                out.append(SettleResult(key, before, "found", found=exc.as_dict()))
-                continue
-            except Rejected as exc:  # the intent was sent again while it was being looked up
-                out.append(SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc)))
-                continue
-            except (IntakeError, StoreError) as exc:
-                out.append(SettleResult(key, before, "error", error=str(exc)))
-                continue
-            except Exception as exc:  # noqa: BLE001 - the transport's own error: the platform gave no answer
-                out.append(SettleResult(key, before, "error", error=f"lookup failed: {type(exc).__name__}: {exc}"))
-                continue
-        try:
-            if event == "resend":
-                it = store.resend(key, operator=operator)
-            else:
-                it = getattr(store, event)(key, operator=operator, reason=reason)
-        except Rejected as exc:
-            out.append(SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc), lookup=lookup))
-            continue
-        except (IntakeError, StoreError) as exc:
-            out.append(SettleResult(key, before, "error", error=str(exc), lookup=lookup))
-            continue
-        out.append(SettleResult(key, before, "moved", state_after=it.state, lookup=lookup))
+        result = _settle_one(store, key, event, operator, reason, look if again else None, again)
+        out.append(result)
+        if on_result is not None:
+            on_result(result)
     return out
+
+
+def _settle_one(
+    store: OperatorStore, key: str, event: str, operator: str, reason: str, look: Look | None, again: bool
+) -> SettleResult:
+    try:
+        found = store.find(key)
+    except (IntakeError, StoreError) as exc:  # a key the store refuses to read (too long, not text)
+        return SettleResult(key, None, "error", error=str(exc))
+    before = None if found is None else found.state
+    lookup: dict[str, Any] | None = None
+    if again:
+        try:
+            lookup = {"looked_up": [], "why": "no platform to look it up"} if look is None else look(key, event)
+        except FoundOnPlatform as exc:
+            return SettleResult(key, before, "found", found=exc.as_dict())
+        except Rejected as exc:  # the intent was sent again while it was being looked up
+            return SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc))
+        except (IntakeError, StoreError) as exc:
+            return SettleResult(key, before, "error", error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - the transport's own error: the platform gave no usable answer
+            return SettleResult(key, before, "error", error=f"lookup failed: {type(exc).__name__}: {exc}")
+    try:
+        if event == EVENT.resend:
+            it = store.resend(key, operator=operator)
+        else:
+            it = getattr(store, event)(key, operator=operator, reason=reason)
+    except Rejected as exc:
+        return SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc), lookup=lookup)
+    except (IntakeError, StoreError) as exc:
+        return SettleResult(key, before, "error", error=str(exc), lookup=lookup)
+    return SettleResult(key, before, "moved", state_after=it.state, lookup=lookup)

@@ -503,11 +503,17 @@ class _HttpCore:
 
     def _answer_for(self, doc: Any, key: str) -> Any:
         """The object of a lookup's answer ``doc`` that is the one sent under ``key``: ``None`` for an empty
-        array ("not found"). Raises :class:`HttpTransportError` when the answer cannot be for ``key``: an
-        object holding another key at ``lookup_key_pointer`` (or ``key_field``), an array holding only other
+        array ("not found"). Raises :class:`HttpTransportError` when the answer cannot be for ``key``: neither an
+        object nor an array of objects (``null``, ``[null]``), an object holding another key at ``lookup_key_pointer`` (or ``key_field``), an array holding only other
         keys, or several objects none of which holds a key (docs/design.md#a-lookup-must-answer-for-its-key)."""
         cfg = self.config
         at = cfg.lookup_key_pointer if cfg.lookup_key_pointer is not None else cfg.key_field
+        # only an empty array or a 404 says "not found": ``null``, a number, a string, or an array holding
+        # anything but objects says nothing about the key
+        if not isinstance(doc, (dict, list)) or (isinstance(doc, list) and not all(isinstance(o, dict) for o in doc)):
+            raise HttpTransportError(
+                f"lookup for {key!r} answered 200 with neither an object nor an array of them", 200
+            )
         if not isinstance(doc, list):
             held = MISSING if at is None else pointer_get(doc, at)
             if held not in (MISSING, None) and held != key:

@@ -467,12 +467,13 @@ class Statements:
         what = (sa.literal(ev.name, sa.Text), sa.literal(result, sa.Text))
         if kind == "open":
             return sa.insert(reconciliations).from_select(
-                cols, sa.select(u.key, send_seq, *what, u.remote_id, self.now)
+                cols,
+                sa.select(u.key, send_seq, *what, u.remote_id, u.updated_at),  # the move's clock reading
             )
         newest = (
             sa.select(rc.send_seq).where(rc.key == u.key, rc.send_seq.is_not(None)).order_by(rc.seq.desc()).limit(1)
         )
-        q = sa.select(u.key, newest.scalar_subquery(), *what, sa.bindparam("p_remote_id", type_=sa.Text), self.now)
+        q = sa.select(u.key, newest.scalar_subquery(), *what, sa.bindparam("p_remote_id", type_=sa.Text), u.updated_at)
         if kind == "settle":  # only a send still unknown is settled by a person's resolution
             q = q.where(newest.with_only_columns(rc.result).scalar_subquery() == sa.literal("unknown", sa.Text))
         return sa.insert(reconciliations).from_select(cols, q)

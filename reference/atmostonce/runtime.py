@@ -264,6 +264,19 @@ def look_before_sending_again(
     raise Rejected(event, key, LOST_RACE, after.state, "the intent was sent again while it was being looked up")
 
 
+def lookup_answer(transport: Transport, key: str, resend_epoch: int, fence_epoch: int) -> LookupResult:
+    """``transport.lookup(key, resend_epoch, fence_epoch)``, refusing an answer that is none of ``Found``,
+    ``NotFound`` and ``Unsupported``: raises ``TypeError`` then (a plugin's ``None``, a mapping, an unawaited
+    coroutine), so that the caller counts a failed lookup; nothing but a ``NotFound`` says "not found"."""
+    res = transport.lookup(key, resend_epoch, fence_epoch)
+    if not isinstance(res, (Found, NotFound, Unsupported)):
+        raise TypeError(
+            f"the {getattr(transport, 'name', type(transport).__name__)} transport's lookup answered "
+            f"{type(res).__name__}, not Found, NotFound or Unsupported"
+        )
+    return res
+
+
 def _look_under_every_key(store: OperatorStore, transport: Transport, it: Intent, keeps_key: bool) -> dict[str, Any]:
     epochs: list[tuple[int, int]] = []
     for a in reversed(store.attempts(it.key)):
@@ -280,7 +293,7 @@ def _look_under_every_key(store: OperatorStore, transport: Transport, it: Intent
     looked: list[str] = []
     for resend_epoch, fence_epoch in epochs:
         platform_key = platform_idempotency_key(it.key, resend_epoch, fence_epoch)
-        res = transport.lookup(it.key, resend_epoch, fence_epoch)
+        res = lookup_answer(transport, it.key, resend_epoch, fence_epoch)
         looked.append(platform_key)
         if isinstance(res, Found):
             raise FoundOnPlatform(it.key, res.remote_id, platform_key)
@@ -1007,7 +1020,6 @@ class Reconciler:
             return EVENT.reconcile_found, {"remote_id": res.remote_id}, OUTCOME.lookup_found
         if isinstance(res, Unsupported):
             return park, {"reason": OUTCOME.lookup_unsupported}, OUTCOME.lookup_unsupported
-        assert isinstance(res, NotFound), res
         if caps.fenced_lookup:
             return EVENT.reconcile_absent, {"fenced": True}, OUTCOME.lookup_not_found_fenced
         return EVENT.reconcile_not_found, {}, OUTCOME.lookup_not_found
@@ -1027,7 +1039,7 @@ class Reconciler:
     def _by_key(self, it: Intent) -> LookupResult:
         """The platform's answer for the key the intent's current attempt was sent under."""
         resend_epoch, fence_epoch = self._sent_under(it)
-        return self.transport.lookup(it.key, resend_epoch, fence_epoch)
+        return lookup_answer(self.transport, it.key, resend_epoch, fence_epoch)
 
     def _holds_approved(self, wire: WireRequest, found: Found) -> bool:
         """Whether an object found under the key holds what was approved (one found without a body is taken

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -52,3 +53,20 @@ def sign_in(client, token: str = TOKEN, operator: str = "") -> str:
     )
     assert r.status_code == 303, r.text
     return csrf_of(client.get("/").text)
+
+
+@contextlib.contextmanager
+def console_on_json_server(store, tmp_path, transport=None):
+    """``(server, client)``: json-server (a REST server nobody here wrote) in ``tmp_path / "js"``, and a signed-out
+    console over ``store`` whose platform is that server through ``transport`` (``HttpTransport`` or a subclass
+    of it; the default ``HttpTransport``)."""
+    from atmostonce_http import HttpTransport
+    from tests.http.jsonserver import JsonServer, profile
+
+    kind = HttpTransport if transport is None else transport
+    (tmp_path / "js").mkdir()
+    with (
+        JsonServer(tmp_path / "js") as server,
+        make_client(store, tmp_path, platform=lambda: kind(profile(server.url))) as c,
+    ):
+        yield server, c
