@@ -123,7 +123,7 @@ docs-check: $(STAMP)
 
 ## longer stateful runs against the real databases
 soak: $(STAMP)
-	HYPOTHESIS_PROFILE=soak $(PYTEST) -q tests/test_store_differential.py
+	HYPOTHESIS_PROFILE=soak $(PYTEST) -q tests/test_store_differential.py tests/test_async_store_differential.py
 
 ## worker processes on a throwaway PostgreSQL for SOAK_SECONDS (default an hour): the database restarted under
 ## them, workers SIGKILLed, platform faults; zero duplicates, audit intact; writes docs/soak.md
