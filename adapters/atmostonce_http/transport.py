@@ -503,9 +503,10 @@ class _HttpCore:
 
     def _answer_for(self, doc: Any, key: str) -> Any:
         """The object of a lookup's answer ``doc`` that is the one sent under ``key``: ``None`` for an empty
-        array ("not found"). Raises :class:`HttpTransportError` when the answer cannot be for ``key``: neither an
-        object nor an array of objects (``null``, ``[null]``), an object holding another key at ``lookup_key_pointer`` (or ``key_field``), an array holding only other
-        keys, or several objects none of which holds a key (docs/design.md#a-lookup-must-answer-for-its-key)."""
+        array ("not found"). Raises :class:`HttpTransportError` when the answer cannot be for ``key``: neither
+        an object nor an array of objects (``null``, ``[null]``), an object holding another key at
+        ``lookup_key_pointer`` (or ``key_field``), an array holding only other keys, or several objects none of
+        which holds a key (docs/design.md#a-lookup-must-answer-for-its-key)."""
         cfg = self.config
         at = cfg.lookup_key_pointer if cfg.lookup_key_pointer is not None else cfg.key_field
         # only an empty array or a 404 says "not found": ``null``, a number, a string, or an array holding
