@@ -118,3 +118,18 @@ def test_one_object_answered_under_another_key_is_an_error_and_under_ours_is_fou
     assert (
         transport(ours.url(), lookup_path="/find/{key}", key_field="/k").lookup("dk", resend_epoch=2).remote_id == "o2"
     )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"null", b"[null]", b"5", b'"dk"', b'[{"id": "o1"}, 7]'],
+    ids=["null", "array-of-null", "number", "string", "array-with-a-number"],
+)
+def test_an_answer_that_is_neither_an_object_nor_an_array_of_them_is_an_error(transport, raw_server, body):
+    """Only an empty array or a 404 says "not found": a 200 whose JSON is ``null``, a number, a string or an
+    array holding anything but objects says nothing about the key, and taking it as absent would let a fenced
+    platform's reconciler record a not-sent."""
+    server = raw_server(answer(200, body))
+    with pytest.raises(HttpTransportError) as e:
+        transport(server.url(), lookup_path="/find?ref={key}").lookup("dk")
+    assert e.value.status == 200
