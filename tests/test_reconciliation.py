@@ -151,3 +151,29 @@ def test_a_deliberate_resend_leaves_the_old_send_unknown_and_opens_a_new_record(
     }
     with pytest.raises(Rejected):
         s.resolve_not_sent(it.key, operator="alice")  # published is terminal
+
+
+@pytest.mark.parametrize("answer", [None, {"found": False}], ids=["none", "a-mapping"])
+def test_a_lookup_answering_neither_found_nor_not_found_is_a_failed_lookup_that_writes_nothing(any_store, answer):
+    """A transport (a plugin) whose lookup returns something that is not ``Found``, ``NotFound`` or
+    ``Unsupported``: the reconciler counts a failed lookup and writes nothing; on a fenced platform it must not
+    take the answer as a proven absence (docs/design.md#a-lookup-must-answer-for-its-key)."""
+    from atmostonce.runtime import Reconciler, RuntimeConfig
+    from atmostonce.transport import Capabilities
+
+    class Plugin:
+        name, protocol_version = "plugin", 1
+        capabilities = Capabilities(read_back=False, lookup_by_key=True, fenced_lookup=True)
+
+        def lookup(self, delivery_key, resend_epoch=0, fence_epoch=0):
+            return answer
+
+        def close(self):
+            pass
+
+    store = any_store.store
+    it, _ = to_state(store, "indeterminate", text="asked a plugin")
+    rows = len(store.history(it.key))
+    assert Reconciler(store, Plugin(), RuntimeConfig(reconcile_interval=0)).run() == {"lookup.error": 1}
+    after = store.get(it.key)
+    assert (after.state, after.reconcile_count, len(store.history(it.key))) == ("indeterminate", 0, rows)
