@@ -173,3 +173,13 @@ def test_a_policy_set_on_a_path_with_no_database_names_the_new_database_it_creat
         capsys, "policy", "kill-switch", "global", "off", "--operator", "ops", "--database-url", f"sqlite:///{path}"
     )
     assert rc == EXIT_OK and "created a new" not in err
+
+
+def test_db_upgrade_on_a_path_with_no_database_names_the_new_database_it_created(capsys, tmp_path):
+    """As the README says of every command that creates one (a new user found ``db upgrade`` silent)."""
+    path = tmp_path / "new.sqlite3"
+    rc, _, err = run(capsys, "db", "upgrade", "--database-url", f"sqlite:///{path}")
+    assert rc == EXIT_OK and path.exists()
+    assert f"note: created a new, empty database at {path}" in err
+    rc, _, err = run(capsys, "db", "upgrade", "--database-url", f"sqlite:///{path}")
+    assert rc == EXIT_OK and "created a new" not in err

@@ -66,3 +66,17 @@ def test_resend_on_an_indeterminate_intent_also_hints_to_park(capsys, db):
     doc = json.loads(out)
     assert rc == EXIT_REFUSED and doc["refused"]["guard"] == "source_state"
     assert [s["command"] for s in doc["next"]] == ["park"]
+
+
+def test_parking_a_send_in_flight_hints_to_wait_for_it_not_to_fence_a_restore(capsys, db):
+    """A new user's trial: ``park`` on an authorized intent (its send on the wire) hinted "first restore_fence";
+    the user declared a restore on a live database to get there, parked, resent, and the send in flight landed
+    beside the second. A restore's fence is not a way around a live send: the hint says to wait for the send's
+    outcome or its lease."""
+    url, store = db
+    it, _ = to_state(store, "authorized")
+    rc, out, err = run(capsys, "--json", "park", it.key, "--operator", "alice", "--database-url", url)
+    doc = json.loads(out)
+    assert rc == EXIT_REFUSED and doc["refused"]["state"] == "authorized"
+    assert "next" not in doc
+    assert "lease" in doc["hint"] and "restore" not in doc["hint"]

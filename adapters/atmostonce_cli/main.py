@@ -24,13 +24,14 @@ from atmostonce.errors import (
     IllegalMove,
     IntakeError,
     NotVerified,
+    ObjectOnRecord,
     Rejected,
     RetractionUnsupported,
     SchemaNewer,
     SequenceBehind,
     StoreError,
 )
-from atmostonce.names import ACTOR, EVENT, STATE
+from atmostonce.names import ACTOR, EFFECT, EVENT, STATE
 from atmostonce.plugins import DEFAULT_URL, scheme_of
 from atmostonce.plugins import open_store as open_store_url
 from atmostonce.protocols import OperatorStore, Store
@@ -523,8 +524,9 @@ def _look_before_sending_again(args, store: OperatorStore, key: str, event: str)
     ``resolve --not-sent``): :func:`atmostonce.runtime.look_before_sending_again` through the
     ``--platform-config`` transport (``FoundOnPlatform`` when it finds the object: exit 1, nothing written), or
     that nothing was looked up."""
-    from atmostonce.runtime import look_before_sending_again
+    from atmostonce.runtime import look_before_sending_again, refuse_if_object_on_record
 
+    refuse_if_object_on_record(store, key, event, despite=args.despite_object)
     if not args.platform_config:
         return {"looked_up": [], "why": "no --platform-config to look it up"}
     transport = _platform(args)
@@ -596,7 +598,10 @@ def cmd_db_upgrade(args) -> int:
     from atmostonce_sql.migrate import current_revision
 
     url = _url(args)
+    new_file = _new_sqlite_file(url)
     store = open_store(url, migrate=True, check_sequences=False)
+    if new_file is not None:  # as every command that creates one says (README): a mistyped path shows at once
+        print(f"note: created a new, empty database at {new_file}", file=sys.stderr)
     try:
         rev = current_revision(store.engine)
     finally:
@@ -1038,9 +1043,14 @@ def cmd_settle(args) -> int:
         if r.result == "moved":
             lines.append(f"{r.key[:16]}  {r.state_before} -> {r.state_after}")
         elif r.found:
+            where = (
+                f"found on the platform: object {r.found['remote_id']} under key {r.found['platform_key']}"
+                if "platform_key" in r.found
+                else f"a send of it made object {r.found['remote_id']} (recorded as its "
+                f"{r.found['recorded_as'].replace('_', ' ')})"
+            )
             lines.append(
-                f"{r.key[:16]}  found on the platform: object {r.found['remote_id']} under key "
-                f"{r.found['platform_key']}; nothing written (record it: resolve --published {r.found['remote_id']})"
+                f"{r.key[:16]}  {where}; nothing written (record it: resolve --published {r.found['remote_id']})"
             )
         elif r.refused:
             lines.append(f"{r.key[:16]}  refused by {r.refused['guard']} (state {r.refused['state']})")
@@ -1207,6 +1217,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="platform profile (TOML, or JSON of HttpPlatformConfig fields): the intent is looked up by key "
         "first, under every key it was sent under, and an object found refuses the resend (exit 1)",
     )
+    rs.add_argument(
+        "--despite-object",
+        metavar="REMOTE_ID",
+        help="send again although the store records this object as made by a send of it (it is wrong, or "
+        "was deleted); without it a recorded object refuses the resend (exit 1)",
+    )
     rs.set_defaults(func=cmd_resend)
     rv = db(sub.add_parser("resolve", help="settle a parked intent by what a human saw on the platform"))
     rv.add_argument("key")
@@ -1224,6 +1240,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--unverified",
         action="store_true",
         help="accept --published REMOTE_ID without a read-back; recorded as asserted by the operator, not verified",
+    )
+    rv.add_argument(
+        "--despite-object",
+        metavar="REMOTE_ID",
+        help="with --not-sent: although the store records this object as made by a send of it (it was deleted); "
+        "without it a recorded object refuses --not-sent (exit 1)",
     )
     rv.add_argument("--reason", default="operator: not sent")
     rv.set_defaults(func=cmd_resolve)
@@ -1433,6 +1455,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             doc["next"] = steps
             doc["hint"] = _hint(exc, steps)
             message += f"\nhint: {doc['hint']}"
+        elif isinstance(exc, IllegalMove) and exc.state is not None and _machine_holds(exc.state):
+            doc["hint"] = (
+                f"{exc.event} is not a move from {exc.state}: the machine is working on it (a send in flight); "
+                "wait for its outcome, or for its lease to lapse (the sweeper then makes it indeterminate), and run "
+                "this command again"
+            )
+            message += f"\nhint: {doc['hint']}"
         return _fail(args, message, doc, EXIT_REFUSED)
     except (IntakeError, ValueError, OSError) as exc:
         if isinstance(exc, BrokenPipeError):
@@ -1450,6 +1479,14 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"--published {exc.remote_id} --platform-config FILE"
         )
         return _fail(args, f"refused: {exc}\nhint: {hint}", {"found": exc.as_dict(), "hint": hint}, EXIT_REFUSED)
+    except ObjectOnRecord as exc:
+        hint = (
+            f"a send of it made object {exc.remote_id}: record it with atmostonce resolve {exc.key[:16]} "
+            f"--operator NAME --published {exc.remote_id}; to send another copy anyway (the object is wrong or "
+            f"was deleted), run the command again with --despite-object {exc.remote_id}"
+        )
+        doc = {"on_record": exc.as_dict(), "hint": hint}
+        return _fail(args, f"refused: {exc}\nhint: {hint}", doc, EXIT_REFUSED)
     except NotVerified as exc:
         hint = (
             "check the id on the platform; to record it anyway as asserted by you, not verified, "
@@ -1489,8 +1526,23 @@ def _next_moves(exc: Rejected, commands: frozenset[str]) -> list[dict[str, Any]]
     return [
         {"event": e.name, "from": exc.state, "to": e.target, "command": e.name if e.name in commands else None}
         for e in t.events.values()
-        if t.is_human(e.name) and exc.state in e.sources and e.target in wanted and e.target != exc.state
+        if t.is_human(e.name)
+        and exc.state in e.sources
+        and e.target in wanted
+        and e.target != exc.state
+        # a restore's fence is a move for after a declared restore, never a way around a send in flight
+        and EFFECT.fence_restore not in e.effects
     ]
+
+
+def _machine_holds(state: str) -> bool:
+    """Whether only the machine's moves leave ``state`` outside a declared restore (``authorized``: a send in
+    flight, left by its outcome or the sweeper's lease expiry)."""
+    import atmostonce
+
+    t = atmostonce.table()
+    out = [e for e in t.events.values() if state in e.sources and e.target != state]
+    return bool(out) and all(not t.is_human(e.name) or EFFECT.fence_restore in e.effects for e in out)
 
 
 def _hint(exc: Rejected, steps: list[dict[str, Any]]) -> str:

@@ -32,6 +32,7 @@ from atmostonce.errors import (
     FoundOnPlatform,
     IntakeError,
     NotVerified,
+    ObjectOnRecord,
     Rejected,
     RetractionUnsupported,
     StoreError,
@@ -164,6 +165,8 @@ def create_app(
             result = {"refused": refusal_doc(t, exc)}
         except FoundOnPlatform as exc:
             result = {"found_on_platform": exc.as_dict()}
+        except ObjectOnRecord as exc:
+            result = {"on_record": exc.as_dict()}
         except NotVerified as exc:
             result = {"not_verified": exc.as_dict()}
         except RetractionUnsupported as exc:
@@ -272,7 +275,11 @@ def create_app(
 
     def look_first(key: str, event: str) -> dict[str, Any]:
         """Before a person sends ``key`` again: the platform's lookup by key under every key it was sent under
-        (``FoundOnPlatform`` when an object is there: nothing is written), when the console has a platform."""
+        (``FoundOnPlatform`` when an object is there: nothing is written), when the console has a platform;
+        first, with or without one, an object the store records as made by a send of it (``ObjectOnRecord``)."""
+        from atmostonce.runtime import refuse_if_object_on_record
+
+        refuse_if_object_on_record(store, key, event)
         if platform is None:
             return {"looked_up": [], "not_looked_up": "the console has no --platform-config to look it up"}
         from atmostonce.runtime import look_before_sending_again

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from atmostonce.errors import SOURCE_STATE, FoundOnPlatform, IntakeError, Rejected, StoreError
-from atmostonce.names import EVENT
+from atmostonce.errors import SOURCE_STATE, FoundOnPlatform, IntakeError, ObjectOnRecord, Rejected, StoreError
+from atmostonce.names import EFFECT, EVENT
 from atmostonce.protocols import OperatorStore
 from atmostonce.records import Intent, check_text
 
@@ -29,7 +29,8 @@ class SettleResult:
     """What settling one key did: ``result`` is ``moved`` (``state_after`` holds where it went), ``refused``
     (``refused`` holds the typed refusal: event, guard, state, meaning, next moves), ``found`` (the platform's
     lookup found the object before a move that sends it again: ``found`` holds ``key``, ``remote_id`` and
-    ``platform_key``; nothing was written) or ``error``. ``lookup``: what was looked up before a move that
+    ``platform_key``; or the store records an object a send of it made: ``found`` holds ``key``, ``remote_id``
+    and ``recorded_as``; nothing was written) or ``error``. ``lookup``: what was looked up before a move that
     sends again (``looked_up``, the platform keys; ``why``, what was not looked up), ``None`` for other moves."""
 
     key: str
@@ -102,7 +103,11 @@ def next_moves(table, exc: Rejected) -> list[dict[str, Any]]:
     return [
         {"event": e.name, "from": exc.state, "to": e.target}
         for e in table.events.values()
-        if table.is_human(e.name) and exc.state in e.sources and e.target in wanted and e.target != exc.state
+        if table.is_human(e.name)
+        and exc.state in e.sources
+        and e.target in wanted
+        and e.target != exc.state
+        and EFFECT.fence_restore not in e.effects  # a move for after a declared restore, not around a live send
     ]
 
 
@@ -177,9 +182,13 @@ def _settle_one(
     before = None if found is None else found.state
     lookup: dict[str, Any] | None = None
     if again:
+        from atmostonce.runtime import refuse_if_object_on_record
+
         try:
+            if found is not None:  # an unknown key is refused by the move (intent_exists)
+                refuse_if_object_on_record(store, key, event)
             lookup = {"looked_up": [], "why": "no platform to look it up"} if look is None else look(key, event)
-        except FoundOnPlatform as exc:
+        except (FoundOnPlatform, ObjectOnRecord) as exc:
             return SettleResult(key, before, "found", found=exc.as_dict())
         except Rejected as exc:  # the intent was sent again while it was being looked up
             return SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc))

@@ -38,6 +38,7 @@ __all__ = [
     "IntakeError",
     "NoSynchronousStandby",
     "FoundOnPlatform",
+    "ObjectOnRecord",
     "NotVerified",
     "Rejected",
     "RetractionUnsupported",
@@ -108,6 +109,26 @@ class FoundOnPlatform(AtMostOnceError):
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "remote_id": self.remote_id, "platform_key": self.platform_key}
+
+
+class ObjectOnRecord(AtMostOnceError):
+    """A person asked to send an intent again (``resend``, ``resolve --not-sent``, bulk settle), and the store
+    already records an object one of its sends made: the intent's remote id, or the id a late success brought
+    (docs/design.md#late-outcomes-are-evidence). Sending again would make a second copy. Nothing was written;
+    nothing was asked of the platform.
+
+    Attributes: ``key`` (delivery key), ``remote_id`` (the newest such object) and ``recorded_as``
+    (``"remote_id"``: the intent's; ``"late_outcome"``: a late success's).
+    """
+
+    def __init__(self, key: str, remote_id: str, recorded_as: str):
+        self.key, self.remote_id, self.recorded_as = key, remote_id, recorded_as
+        super().__init__(
+            f"{key[:12]}… already made object {remote_id!r} (recorded as its {recorded_as.replace('_', ' ')})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "remote_id": self.remote_id, "recorded_as": self.recorded_as}
 
 
 class NotVerified(AtMostOnceError):

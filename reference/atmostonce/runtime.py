@@ -33,6 +33,7 @@ from .errors import (
     GuardRefused,
     IntakeError,
     NotVerified,
+    ObjectOnRecord,
     Rejected,
     RetractionUnsupported,
 )
@@ -262,6 +263,27 @@ def look_before_sending_again(
         if (after.state, after.attempt_count, after.generation, after.resend_epoch, after.fence_epoch) == seen:
             return looked
     raise Rejected(event, key, LOST_RACE, after.state, "the intent was sent again while it was being looked up")
+
+
+def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despite: str | None = None) -> None:
+    """Before a person sends intent ``key`` again by ``event``: raise :class:`ObjectOnRecord` when the store
+    already records an object a send of it made (its ``remote_id``; a late success's id, of any attempt: a post
+    an earlier attempt made is a copy all the same). ``despite``: the id the person names to send again anyway
+    (the object is wrong, or was deleted); any other recorded id still refuses. Writes nothing, asks the
+    platform nothing; nothing is checked when ``event`` cannot leave the intent's state (the move is then
+    refused by its source state)."""
+    it = store.get(key)
+    if it.state not in store.table.sources(event):
+        return
+    on_record: list[tuple[str, str]] = []
+    evidence = getattr(store, "evidence", None)
+    if evidence is not None:  # a store without late outcomes (docs/conformance.md, features) has none
+        on_record += [(e.remote_id, "late_outcome") for e in evidence(key) if e.remote_id is not None]
+    if it.remote_id is not None:
+        on_record.append((it.remote_id, "remote_id"))
+    for remote_id, recorded_as in reversed(on_record):
+        if remote_id != despite:
+            raise ObjectOnRecord(key, remote_id, recorded_as)
 
 
 def lookup_answer(transport: Transport, key: str, resend_epoch: int, fence_epoch: int) -> LookupResult:
@@ -992,6 +1014,14 @@ class Reconciler:
         if self._drifted(it):
             return park, {"reason": OUTCOME.reconcile_descriptor_drift}, OUTCOME.reconcile_descriptor_drift
         if it.reconcile_count >= it.max_reconciles:
+            # the lookups are spent, but an object this send is known to have made (a late success recorded
+            # after the last lookup: docs/design.md#late-outcomes-are-evidence) is read back before a person is
+            # asked: found needs no lookup left
+            named = it.remote_id if it.remote_id is not None else late_remote_id(self.store, it)
+            wire = wire_request(it)
+            if named is not None and caps.read_back and wire.action == "create":
+                if read_back_confirms(self.transport, wire, self.transport.read_back(named)):
+                    return EVENT.reconcile_found, {"remote_id": named}, OUTCOME.lookup_found
             return park, {"reason": OUTCOME.reconcile_budget_spent}, OUTCOME.reconcile_budget_spent
         wire = wire_request(it)
         object_id = it.remote_id if it.remote_id is not None else wire.object_id  # a retraction acts on a known object
