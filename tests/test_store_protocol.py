@@ -53,6 +53,7 @@ CALLERS: dict[tuple[str, str], type] = {
     ("runtime.py", "Sweeper"): MaintenanceStore,
     ("runtime.py", "Reconciler"): MaintenanceStore,
     ("runtime.py", "late_remote_id"): MaintenanceStore,  # the reconciler's probe for late evidence
+    ("runtime.py", "late_remote_ids"): MaintenanceStore,  # its probe, also for a person's look-first
     ("runtime.py", "verify_remote_object"): OperatorStore,  # `resolve --published` in the CLI and the console
     ("runtime.py", "look_before_sending_again"): OperatorStore,  # `resend`, `resolve --not-sent`: CLI, console
     ("runtime.py", "_look_under_every_key"): OperatorStore,  # its helper

@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import sys
@@ -1009,13 +1010,9 @@ def cmd_settle(args) -> int:
         return EXIT_OK
     transport = _platform(args) if args.platform_config else None
     try:
-        look = None
-        if transport is not None:
-            from atmostonce.runtime import look_before_sending_again
+        from atmostonce.runtime import look_before_sending_again
 
-            def look(key: str, event: str) -> dict[str, Any]:
-                return look_before_sending_again(store, transport, key, event)
-
+        look = None if transport is None else functools.partial(look_before_sending_again, store, transport)
         results: list[Any] = []
         try:
             settle(

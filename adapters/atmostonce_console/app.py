@@ -10,6 +10,7 @@ every form carries the session's CSRF token and a POST without it is refused wit
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hmac
 import json
 import secrets
@@ -286,9 +287,12 @@ def create_app(
 
         transport = platform()
         try:
-            looked = look_before_sending_again(store, transport, key, event)
+            return looked_doc(look_before_sending_again(store, transport, key, event))
         finally:
             transport.close()
+
+    def looked_doc(looked: Mapping[str, Any]) -> dict[str, Any]:
+        """What a look-first found nothing under, as the action log keeps it."""
         return {"looked_up": looked["looked_up"], **({"not_looked_up": looked["why"]} if looked["why"] else {})}
 
     def intent_action(request: Request, form: Mapping[str, str]) -> Response:
@@ -414,11 +418,7 @@ def create_app(
             )
 
         def log_result(r: SettleResult) -> None:  # as each key settles: an interrupt leaves every move logged
-            looked: dict[str, Any] = {}
-            if r.lookup is not None:  # as a single intent's move records it (look_first)
-                looked = {"looked_up": r.lookup["looked_up"]} | (
-                    {"not_looked_up": r.lookup["why"]} if r.lookup["why"] else {}
-                )
+            looked = {} if r.lookup is None else looked_doc(r.lookup)  # as a single intent's move records it
             res = (
                 {"done": {"state": r.state_after, **looked}}
                 if r.result == "moved"
@@ -428,13 +428,9 @@ def create_app(
 
         transport = None if platform is None else platform()
         try:
-            look = None
-            if transport is not None:
-                from atmostonce.runtime import look_before_sending_again
+            from atmostonce.runtime import look_before_sending_again
 
-                def look(key: str, event: str) -> dict[str, Any]:
-                    return look_before_sending_again(store, transport, key, event)
-
+            look = None if transport is None else functools.partial(look_before_sending_again, store, transport)
             results = settle(store, keys, as_=as_, operator=operator, reason=reason, look=look, on_result=log_result)
         except IntakeError as exc:  # refused before any key was touched (the move, the operator, the reason)
             action_log.record(

@@ -275,10 +275,7 @@ def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despi
     it = store.get(key)
     if it.state not in store.table.sources(event):
         return
-    on_record: list[tuple[str, str]] = []
-    evidence = getattr(store, "evidence", None)
-    if evidence is not None:  # a store without late outcomes (docs/conformance.md, features) has none
-        on_record += [(e.remote_id, "late_outcome") for e in evidence(key) if e.remote_id is not None]
+    on_record = [(remote_id, "late_outcome") for remote_id in late_remote_ids(store, key)]
     if it.remote_id is not None:
         on_record.append((it.remote_id, "remote_id"))
     for remote_id, recorded_as in reversed(on_record):
@@ -343,18 +340,25 @@ def read_back_evidence(transport: Transport, wire: WireRequest, rb: Any) -> dict
     return ev
 
 
+def late_remote_ids(store: object, key: str, generation: int | None = None) -> list[str]:
+    """The platform object ids late outcomes brought for intent ``key``, oldest first: of every attempt, or of
+    the attempt with ``generation`` only. None for a store without late outcomes (docs/conformance.md,
+    features)."""
+    evidence = getattr(store, "evidence", None)
+    if evidence is None:
+        return []
+    return [
+        e.remote_id
+        for e in evidence(key)
+        if e.remote_id is not None and (generation is None or e.generation == generation)
+    ]
+
+
 def late_remote_id(store: object, it: Intent) -> str | None:
     """The platform object id recorded as late evidence for the intent's current attempt (the one its
     unknown send belongs to: same generation), newest first; ``None`` when there is none. An id of an
     earlier attempt or resend epoch is not used: it names another send."""
-    evidence = getattr(store, "evidence", None)
-    if evidence is None:  # a store without late outcomes (docs/conformance.md, features) has no such id
-        return None
-    ids = [
-        e.remote_id
-        for e in evidence(it.key)
-        if e.remote_id is not None and it.generation is not None and e.generation == it.generation
-    ]
+    ids = [] if it.generation is None else late_remote_ids(store, it.key, it.generation)
     return ids[-1] if ids else None
 
 
