@@ -29,10 +29,10 @@ def pg_databases():
 
 
 @pytest.fixture(scope="session")
-def sqlite_databases(tmp_path_factory):
+def sqlite_databases():
     from atmostonce_sql.testing import SqliteDatabases
 
-    dbs = SqliteDatabases(tmp_path_factory.mktemp("sqlite"))
+    dbs = SqliteDatabases()  # in memory where there is room
     yield dbs
     dbs.close()
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -245,3 +247,26 @@ def test_postgres_url_for_tests_falls_back_to_local_cluster(monkeypatch):
     host = sqlalchemy.make_url(url).query["host"]
     assert not Path(host).exists()
     cleanup()  # safe twice
+
+
+@pytest.mark.parametrize("room", ["enough", "too little"])
+def test_the_test_cluster_lives_in_memory_when_there_is_room_and_on_disk_otherwise(monkeypatch, room):
+    memory = Path(tempfile.mkdtemp(prefix="shm-", dir="/tmp"))  # reachable by the server's OS user
+    memory.chmod(0o1777)  # as /dev/shm
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.setattr(pgserver, "_docker_available", lambda timeout=5.0: False)
+    monkeypatch.setattr(pgserver, "_MEMORY_FOLDER", memory)
+    if room == "too little":
+        monkeypatch.setattr(pgserver, "_MEMORY_FOLDER_MIN_FREE", 1 << 62)
+    url, cleanup = pgserver.postgres_url_for_tests()
+    try:
+        engine = sqlalchemy.create_engine(url)
+        with engine.connect() as conn:
+            data = Path(conn.execute(sqlalchemy.text("SHOW data_directory")).scalar())
+            assert conn.execute(sqlalchemy.text("SHOW fsync")).scalar() == "off"
+        engine.dispose()
+        assert (memory in data.parents) == (room == "enough")
+    finally:
+        cleanup()
+        shutil.rmtree(memory, ignore_errors=True)
+    assert not data.exists()

@@ -27,6 +27,7 @@ from atmostonce.names import EVENT
 
 from . import make_engine, normalize_url
 from .migrate import upgrade
+from .pgserver import memory_folder
 from .schema import approvals, claims, intents, rate_limits, text_claims
 from .store import SqlStore
 
@@ -111,10 +112,13 @@ class PostgresDatabases:
 
 
 class SqliteDatabases:
-    """Fresh SQLite files in a temporary folder, each a copy of a migrated template file."""
+    """Fresh SQLite files in a temporary folder, each a copy of a migrated template file.
+
+    ``folder``: where the files go; ``None``: a new folder in memory where there is room
+    (:func:`atmostonce_sql.pgserver.memory_folder`), else in the temporary folder. :meth:`close` removes it."""
 
     def __init__(self, folder: str | Path | None = None):
-        self.folder = Path(folder or tempfile.mkdtemp(prefix="aom-sqlite-"))
+        self.folder = Path(folder or tempfile.mkdtemp(prefix="aom-sqlite-", dir=memory_folder()))
         self.template = self.folder / "template.sqlite3"
         self._n = itertools.count(1)
         engine = make_engine(f"sqlite:///{self.template}")
