@@ -706,7 +706,7 @@ inline ci_resolve_published() {
   }
 }
 
-/* resolve_not_sent (operator): parked -> failed; intent guards: operator_identified
+/* resolve_not_sent (operator): parked -> failed; intent guards: operator_identified, plan_unchanged
    couples: {'claim': 'settle_by_operator'} */
 inline ci_resolve_not_sent() {
   d_step {
@@ -714,6 +714,7 @@ inline ci_resolve_not_sent() {
     if
     :: (i_st[k] == parked) &&
        (op_named) &&
+       (true) &&
        (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
        if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
        t_from = i_st[k];
@@ -737,7 +738,7 @@ inline ci_resolve_not_sent() {
   }
 }
 
-/* resend (operator): parked -> pending; intent guards: operator_identified
+/* resend (operator): parked -> pending; intent guards: operator_identified, plan_unchanged
    couples: {'claim': 'reopen_by_operator'} */
 inline ci_resend() {
   d_step {
@@ -745,6 +746,7 @@ inline ci_resend() {
     if
     :: (i_st[k] == parked) &&
        (op_named) &&
+       (true) &&
        (!(c_key == k && (c_st == uncertain)) || ((c_st == uncertain) && ((c_key != 0 && c_key == k)))) ->
        if :: (c_key == k && (c_st == uncertain)) -> t_app = 1 :: else -> t_app = 0 fi;
        t_from = i_st[k];
@@ -1647,15 +1649,17 @@ inline ev_resolve_published() {
 }
 
 /* resolve_not_sent (operator, human): parked -> failed
-   guards: operator_identified
+   guards: operator_identified, plan_unchanged
    effects: grant_attempt, release_text_slot
    source: docs/design.md#static-checks (parked is human-owned) */
 inline ev_resolve_not_sent() {
   d_step {
     if
     :: (state == parked) &&
-       (op_named) ->
+       (op_named) &&
+       ((gen == gen && rc == rc && repoch == repoch)) ->
        t_from = state; t_lease = lease;
+       assert(!P5_stale_generation_never_writes || gen == gen);
        /* effect grant_attempt */
        if
        :: max_attempts < attempt_count + 1 -> max_attempts = attempt_count + 1
@@ -1678,15 +1682,17 @@ inline ev_resolve_not_sent() {
 }
 
 /* resend (operator, human): parked -> pending
-   guards: operator_identified
+   guards: operator_identified, plan_unchanged
    effects: bump_resend_epoch, grant_attempt, release_text_slot
    source: docs/design.md#resend-epoch (deliberate re-send carries a resend epoch) */
 inline ev_resend() {
   d_step {
     if
     :: (state == parked) &&
-       (op_named) ->
+       (op_named) &&
+       ((gen == gen && rc == rc && repoch == repoch)) ->
        t_from = state; t_lease = lease;
+       assert(!P5_stale_generation_never_writes || gen == gen);
        /* effect bump_resend_epoch */
        epoch++; rid = 0;
        /* effect grant_attempt */

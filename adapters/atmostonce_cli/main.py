@@ -22,6 +22,7 @@ from typing import Any
 from atmostonce.errors import (
     AtMostOnceError,
     FoundOnPlatform,
+    GuardRefused,
     IllegalMove,
     IntakeError,
     NotVerified,
@@ -32,11 +33,11 @@ from atmostonce.errors import (
     SequenceBehind,
     StoreError,
 )
-from atmostonce.names import ACTOR, EFFECT, EVENT, STATE
+from atmostonce.names import ACTOR, EFFECT, EVENT, GUARD, STATE
 from atmostonce.plugins import DEFAULT_URL, scheme_of
 from atmostonce.plugins import open_store as open_store_url
 from atmostonce.protocols import OperatorStore, Store
-from atmostonce.records import Intent, Refusal, check_text
+from atmostonce.records import Intent, Plan, Refusal, check_text
 
 from .urls import display_url, resolve_url
 
@@ -516,23 +517,24 @@ def cmd_retry(args) -> int:
 def cmd_resend(args) -> int:
     store = _store(args)
     key = _resolve_key(store, args.key)
-    looked = _look_before_sending_again(args, store, key, EVENT.resend)
-    return _moved_after_looking(args, store.resend(key, operator=args.operator), looked)
+    plan, looked = _look_before_sending_again(args, store, key, EVENT.resend)
+    return _moved_after_looking(args, store.resend(key, operator=args.operator, plan=plan), looked)
 
 
-def _look_before_sending_again(args, store: OperatorStore, key: str, event: str) -> dict[str, Any]:
-    """What the platform's lookup by key said before a person sends ``key`` again (``resend``,
-    ``resolve --not-sent``): :func:`atmostonce.runtime.look_before_sending_again` through the
-    ``--platform-config`` transport (``FoundOnPlatform`` when it finds the object: exit 1, nothing written), or
-    that nothing was looked up."""
+def _look_before_sending_again(args, store: OperatorStore, key: str, event: str) -> tuple[Plan, dict[str, Any]]:
+    """What the store and the platform's lookup by key said before a person sends ``key`` again (``resend``,
+    ``resolve --not-sent``): the plan of the read they were about, for the move to present, and what was looked
+    up. :func:`atmostonce.runtime.refuse_if_object_on_record` (``ObjectOnRecord``), then
+    :func:`atmostonce.runtime.look_before_sending_again` through the ``--platform-config`` transport
+    (``FoundOnPlatform`` when it finds the object); either exits 1 with nothing written."""
     from atmostonce.runtime import look_before_sending_again, refuse_if_object_on_record
 
-    refuse_if_object_on_record(store, key, event, despite=args.despite_object)
+    plan = refuse_if_object_on_record(store, key, event, despite=args.despite_object)
     if not args.platform_config:
-        return {"looked_up": [], "why": "no --platform-config to look it up"}
+        return plan, {"looked_up": [], "why": "no --platform-config to look it up"}
     transport = _platform(args)
     try:
-        return look_before_sending_again(store, transport, key, event)
+        return plan, look_before_sending_again(store, transport, key, event)
     finally:
         transport.close()
 
@@ -552,8 +554,8 @@ def cmd_resolve(args) -> int:
     if args.published is None:
         if args.unverified:
             raise IntakeError("--unverified goes with --published REMOTE_ID")
-        looked = _look_before_sending_again(args, store, key, EVENT.resolve_not_sent)
-        it = store.resolve_not_sent(key, operator=args.operator, reason=args.reason)
+        plan, looked = _look_before_sending_again(args, store, key, EVENT.resolve_not_sent)
+        it = store.resolve_not_sent(key, operator=args.operator, reason=args.reason, plan=plan)
         return _moved_after_looking(args, it, looked)
     evidence = _published_evidence(args, store, key)
     it = store.resolve_published(key, operator=args.operator, remote_id=args.published, evidence=evidence or None)
@@ -1457,6 +1459,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"{exc.event} is not a move from {exc.state}: the machine is working on it (a send in flight); "
                 "wait for its outcome, or for its lease to lapse (the sweeper then makes it indeterminate), and run "
                 "this command again"
+            )
+            message += f"\nhint: {doc['hint']}"
+        elif isinstance(exc, GuardRefused) and exc.guard == GUARD.plan_unchanged:
+            doc["hint"] = (
+                f"the intent had another attempt or lookup (or a restore came) after it was read for this "
+                f"{exc.event}: what was checked and looked up is out of date; see `atmostonce intents show "
+                f"{exc.key[:16]}` and run this command again (with --platform-config it looks again, under every key sent so far)"
             )
             message += f"\nhint: {doc['hint']}"
         return _fail(args, message, doc, EXIT_REFUSED)

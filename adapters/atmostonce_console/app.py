@@ -40,7 +40,7 @@ from atmostonce.errors import (
 )
 from atmostonce.names import STATE
 from atmostonce.protocols import OperatorStore
-from atmostonce.records import check_text
+from atmostonce.records import Plan, check_text
 from atmostonce.table import machine
 
 from .audit import ActionLog
@@ -274,20 +274,21 @@ def create_app(
             is_initial=it.state == t.initial,
         )
 
-    def look_first(key: str, event: str) -> dict[str, Any]:
-        """Before a person sends ``key`` again: the platform's lookup by key under every key it was sent under
-        (``FoundOnPlatform`` when an object is there: nothing is written), when the console has a platform;
-        first, with or without one, an object the store records as made by a send of it (``ObjectOnRecord``)."""
+    def look_first(key: str, event: str) -> tuple[Plan, dict[str, Any]]:
+        """Before a person sends ``key`` again: first, with or without a platform, an object the store records
+        as made by a send of it (``ObjectOnRecord``); then the platform's lookup by key under every key it was
+        sent under (``FoundOnPlatform`` when an object is there: nothing is written), when the console has a
+        platform. Returns the plan of the read they were about, for the move to present, and the look's record."""
         from atmostonce.runtime import refuse_if_object_on_record
 
-        refuse_if_object_on_record(store, key, event)
+        plan = refuse_if_object_on_record(store, key, event)
         if platform is None:
-            return {"looked_up": [], "not_looked_up": "the console has no --platform-config to look it up"}
+            return plan, {"looked_up": [], "not_looked_up": "the console has no --platform-config to look it up"}
         from atmostonce.runtime import look_before_sending_again
 
         transport = platform()
         try:
-            return looked_doc(look_before_sending_again(store, transport, key, event))
+            return plan, looked_doc(look_before_sending_again(store, transport, key, event))
         finally:
             transport.close()
 
@@ -306,11 +307,12 @@ def create_app(
             if name == "park":
                 return {"state": store.park(key, operator=operator, reason=reason).state}
             if name == "resolve_not_sent":
-                looked = look_first(key, name)
-                return {"state": store.resolve_not_sent(key, operator=operator, reason=reason).state, **looked}
+                plan, looked = look_first(key, name)
+                it = store.resolve_not_sent(key, operator=operator, reason=reason, plan=plan)
+                return {"state": it.state, **looked}
             if name == "resend":
-                looked = look_first(key, name)
-                return {"state": store.resend(key, operator=operator).state, **looked}
+                plan, looked = look_first(key, name)
+                return {"state": store.resend(key, operator=operator, plan=plan).state, **looked}
             if name == "retry":
                 return {"state": store.retry(key, operator=operator).state}
             if name == "resolve_published":

@@ -181,12 +181,13 @@ def _settle_one(
         return SettleResult(key, None, "error", error=str(exc))
     before = None if found is None else found.state
     lookup: dict[str, Any] | None = None
+    plan = None if found is None else found.plan  # an unknown key is refused by the move (intent_exists)
     if again:
         from atmostonce.runtime import refuse_if_object_on_record
 
         try:
-            if found is not None:  # an unknown key is refused by the move (intent_exists)
-                refuse_if_object_on_record(store, key, event)
+            if found is not None:
+                plan = refuse_if_object_on_record(store, key, event)
             lookup = {"looked_up": [], "why": "no platform to look it up"} if look is None else look(key, event)
         except (FoundOnPlatform, ObjectOnRecord) as exc:
             return SettleResult(key, before, "found", found=exc.as_dict())
@@ -197,8 +198,11 @@ def _settle_one(
         except Exception as exc:  # noqa: BLE001 - the transport's own error: the platform gave no usable answer
             return SettleResult(key, before, "error", error=f"lookup failed: {type(exc).__name__}: {exc}")
     try:
+        # the move presents the plan of the read that was checked and looked up (plan_unchanged)
         if event == EVENT.resend:
-            it = store.resend(key, operator=operator)
+            it = store.resend(key, operator=operator, plan=plan)
+        elif event == EVENT.resolve_not_sent:
+            it = store.resolve_not_sent(key, operator=operator, reason=reason, plan=plan)
         else:
             it = getattr(store, event)(key, operator=operator, reason=reason)
     except Rejected as exc:

@@ -46,6 +46,7 @@ from .records import (
     MAX_LEASE_SECONDS,
     Intent,
     Lease,
+    Plan,
     Submission,
     check_limit,
     check_retry_after,
@@ -265,22 +266,28 @@ def look_before_sending_again(
     raise Rejected(event, key, LOST_RACE, after.state, "the intent was sent again while it was being looked up")
 
 
-def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despite: str | None = None) -> None:
+def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despite: str | None = None) -> Plan:
     """Before a person sends intent ``key`` again by ``event``: raise :class:`ObjectOnRecord` when the store
     already records an object a send of it made (its ``remote_id``; a late success's id, of any attempt: a post
     an earlier attempt made is a copy all the same). ``despite``: the id the person names to send again anyway
     (the object is wrong, or was deleted); any other recorded id still refuses. Writes nothing, asks the
     platform nothing; nothing is checked when ``event`` cannot leave the intent's state (the move is then
-    refused by its source state)."""
+    refused by its source state).
+
+    Returns the ``Intent.plan`` of the read it checked, for the move to present (``plan=``): everything the
+    person is shown before the move (this check, the platform's look after it) is about that read, and the
+    move is refused (``plan_unchanged``) if the intent had another attempt or lookup since
+    (docs/design.md#a-lookup-must-answer-for-its-key). Raises ``KeyError`` for an unknown key."""
     it = store.get(key)
     if it.state not in store.table.sources(event):
-        return
+        return it.plan
     on_record = [(remote_id, "late_outcome") for remote_id in late_remote_ids(store, key)]
     if it.remote_id is not None:
         on_record.append((it.remote_id, "remote_id"))
     for remote_id, recorded_as in reversed(on_record):
         if remote_id != despite:
             raise ObjectOnRecord(key, remote_id, recorded_as)
+    return it.plan
 
 
 def lookup_answer(transport: Transport, key: str, resend_epoch: int, fence_epoch: int) -> LookupResult:

@@ -884,12 +884,31 @@ class Operations(ClaimOperations):
             args["evidence"] = check_json_object("evidence", evidence)
         return self._move(EVENT.resolve_published, key, args)
 
-    def resolve_not_sent(self, key: str, *, operator: str, reason: str = "operator: not sent") -> Intent:
+    def resolve_not_sent(
+        self, key: str, *, operator: str, reason: str = "operator: not sent", plan: Plan | None = None
+    ) -> Intent:
+        """A person says the parked intent ``key`` was not sent: ``failed``, with one more attempt granted.
+        ``plan``: as :meth:`resend`'s. Raises :class:`Rejected` (``plan_unchanged`` among the table's guards)."""
         args = {"operator": _operator(operator), "reason": _need_text("reason", reason)}
-        return self._move(EVENT.resolve_not_sent, key, args)
+        return self._move(EVENT.resolve_not_sent, key, args | self._person_plan(key, plan))
 
-    def resend(self, key: str, *, operator: str) -> Intent:
-        return self._move(EVENT.resend, key, {"operator": _operator(operator)})
+    def resend(self, key: str, *, operator: str, plan: Plan | None = None) -> Intent:
+        """A person sends the parked intent ``key`` again: ``pending`` under a new resend epoch.
+
+        ``plan``: the ``Intent.plan`` of the read the person decided on (what they looked up on the platform and
+        in the store was for that read); the move is refused (``plan_unchanged``) if the intent has had another
+        attempt or lookup since, or a restore came between (docs/design.md#a-lookup-must-answer-for-its-key).
+        ``None``: the intent as it is when this call reads it, for a caller that looked at nothing first.
+        Raises :class:`Rejected` naming the guard that refused; ``IntakeError`` for a ``plan`` of another key."""
+        return self._move(EVENT.resend, key, {"operator": _operator(operator)} | self._person_plan(key, plan))
+
+    def _person_plan(self, key: str, plan: Plan | None) -> dict[str, Any]:
+        if plan is None:
+            found = self.core.find(check_text("key", key, max_chars=256))
+            return {} if found is None else _plan_args(found.plan)  # an unknown key: refused by the move
+        if isinstance(plan, Plan) and plan.key != key:
+            raise IntakeError(f"the plan is for {plan.key!r}, not {key!r}", field="plan")
+        return _plan_args(plan)
 
     # -- policy layer and restores ------------------------------------------------------------
     # Every setter writes the policy and its row of the policy log in one transaction

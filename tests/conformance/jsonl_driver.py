@@ -115,12 +115,15 @@ class Server:
             return intent_json(s.park_unreconcilable(plan(a), reason=a.get("reason", "unreconcilable")))
         if op in ("retry", "exhaust"):
             return intent_json(getattr(s, op)(a["key"]))
-        if op in ("park", "resolve_not_sent"):
-            return intent_json(getattr(s, op)(a["key"], operator=a["operator"], **only(a, "reason")))
+        person_plan = {"plan": plan(a)} if "plan" in a else {}  # a person's move: the read they decided on
+        if op == "park":
+            return intent_json(s.park(a["key"], operator=a["operator"], **only(a, "reason")))
+        if op == "resolve_not_sent":
+            return intent_json(s.resolve_not_sent(a["key"], operator=a["operator"], **only(a, "reason"), **person_plan))
         if op == "resolve_published":
             return intent_json(s.resolve_published(a["key"], operator=a["operator"], remote_id=a["remote_id"]))
         if op == "resend":
-            return intent_json(s.resend(a["key"], operator=a["operator"]))
+            return intent_json(s.resend(a["key"], operator=a["operator"], **person_plan))
         if op == "get":
             return intent_json(s.get(a["key"]))
         if op == "history":

@@ -231,6 +231,11 @@ def _claim_lease(args: Mapping[str, Any]) -> ClaimLease | None:
     return None if args.get("claim") is None else _decode(ClaimLease, args.get("claim"), "claim")
 
 
+def _person_plan(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A person's move's optional ``plan``: absent, the store reads the row as it is when the move runs."""
+    return {"plan": _plan(args)} if "plan" in args else {}
+
+
 def _opt(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
     return {n: args[n] for n in names if n in args}
 
@@ -277,8 +282,10 @@ _STORE_CALLS: dict[str, Callable[[Any, Mapping[str, Any]], Any]] = {
     "resolve_published": lambda s, a: s.resolve_published(
         a.get("key"), operator=a.get("operator"), remote_id=a.get("remote_id")
     ),
-    "resolve_not_sent": lambda s, a: s.resolve_not_sent(a.get("key"), operator=a.get("operator"), **_opt(a, "reason")),
-    "resend": lambda s, a: s.resend(a.get("key"), operator=a.get("operator")),
+    "resolve_not_sent": lambda s, a: s.resolve_not_sent(
+        a.get("key"), operator=a.get("operator"), **_opt(a, "reason"), **_person_plan(a)
+    ),
+    "resend": lambda s, a: s.resend(a.get("key"), operator=a.get("operator"), **_person_plan(a)),
     "get": lambda s, a: s.get(a.get("key")),
     "history": lambda s, a: _items(s.history(a.get("key"))),
     "attempts": lambda s, a: _items(s.attempts(a.get("key"))),

@@ -306,7 +306,20 @@ ACTOR_ARGS: Mapping[str, Mapping[str, str]] = MappingProxyType(
                 "rid": "r_rid",
             }
         ),
-        "operator": MappingProxyType({"caller": "NOBODY", "human": "op_named", "operator": "op_named", "rid": "0"}),
+        # a person's resend and resolve_not_sent present the plan of the read they decided on; in the model
+        # the person reads and moves in one step, so it is the row as it is (the window between a person's look
+        # and their move is tested against the stores: tests/test_person_plan.py)
+        "operator": MappingProxyType(
+            {
+                "caller": "NOBODY",
+                "human": "op_named",
+                "operator": "op_named",
+                "rid": "0",
+                "plan_gen": "gen",
+                "plan_rc": "rc",
+                "plan_rep": "repoch",
+            }
+        ),
     }
 )
 
