@@ -78,8 +78,8 @@ def test_a_lookup_answered_with_a_200_that_names_no_object_settles_nothing(capsy
         cfg.write_text(json.dumps(profile(f"http://127.0.0.1:{srv.server_address[1]}")))
         rc, results = settle_parked(capsys, url, "--as", "resend", "--platform-config", str(cfg))
         assert srv.asked  # the lookup was made
-    assert results[it.key]["result"] == "error"
-    assert rc == EXIT_REFUSED
+    assert (results[it.key]["result"], results[it.key]["lookup_failed"]) == ("error", True)
+    assert rc == EXIT_STORE
     assert store.get(it.key).state == "parked" and [h.event for h in store.history(it.key)] == before
 
 

@@ -13,7 +13,7 @@ import socket
 import pytest
 
 from atmostonce.identity import platform_idempotency_key
-from atmostonce_cli.main import EXIT_OK, EXIT_REFUSED
+from atmostonce_cli.main import EXIT_OK, EXIT_REFUSED, EXIT_STORE
 from tests.helpers import landed_late, run_cli, settle_parked, to_state
 
 AS_ = {"resend": "pending", "not-sent": "failed"}
@@ -78,8 +78,11 @@ def test_a_platform_that_does_not_answer_settles_nothing(capsys, cli_on_json_ser
     with open(cfg) as f:
         down.write_text(json.dumps(json.load(f) | {"base_url": f"http://127.0.0.1:{port}"}))
     rc, results = settle_parked(capsys, url, "--as", "resend", "--platform-config", str(down))
-    assert rc == EXIT_REFUSED
-    assert {k: r["result"] for k, r in results.items()} == {a.key: "error", b.key: "error"}
+    assert rc == EXIT_STORE  # as a single resend's: no answer from the platform
+    assert {k: (r["result"], r["lookup_failed"]) for k, r in results.items()} == {
+        a.key: ("error", True),
+        b.key: ("error", True),
+    }
     assert [store.get(k).state for k in (a.key, b.key)] == ["parked", "parked"]
 
 

@@ -1062,8 +1062,12 @@ def cmd_settle(args) -> int:
         lines.append(f"{len(unlooked)} sent again NOT looked up on the platform first: no --platform-config")
     elif unlooked:
         lines.append(f"{len(unlooked)} sent again with a key NOT looked up on the platform first (--json: lookup.why)")
+    unanswered = sum(r.lookup_failed for r in results)
+    if unanswered:
+        lines.append(f"{unanswered} left as they were: the platform gave no usable answer to their lookup (exit 3)")
     _emit(args, {"dry_run": False, "results": [r.as_dict() for r in results]}, "\n".join(lines))
-    return EXIT_OK if moved == len(results) else EXIT_REFUSED
+    # as single resend and resolve: a platform that did not answer is exit 3 (run it again later)
+    return EXIT_STORE if unanswered else EXIT_OK if moved == len(results) else EXIT_REFUSED
 
 
 def cmd_console(args) -> int:

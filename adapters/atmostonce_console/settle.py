@@ -31,7 +31,9 @@ class SettleResult:
     lookup found the object before a move that sends it again: ``found`` holds ``key``, ``remote_id`` and
     ``platform_key``; or the store records an object a send of it made: ``found`` holds ``key``, ``remote_id``
     and ``recorded_as``; nothing was written) or ``error``. ``lookup``: what was looked up before a move that
-    sends again (``looked_up``, the platform keys; ``why``, what was not looked up), ``None`` for other moves."""
+    sends again (``looked_up``, the platform keys; ``why``, what was not looked up), ``None`` for other moves.
+    ``lookup_failed``: the ``error`` is the platform's: its lookup gave no usable answer (nothing was decided;
+    the same settle may be run again once it answers)."""
 
     key: str
     state_before: str | None
@@ -41,6 +43,7 @@ class SettleResult:
     error: str | None = None
     found: dict[str, Any] | None = None
     lookup: dict[str, Any] | None = None
+    lookup_failed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,7 +199,8 @@ def _settle_one(
         except (IntakeError, StoreError) as exc:
             return SettleResult(key, before, "error", error=str(exc))
         except Exception as exc:  # noqa: BLE001 - the transport's own error: the platform gave no usable answer
-            return SettleResult(key, before, "error", error=f"lookup failed: {type(exc).__name__}: {exc}")
+            error = f"lookup failed: {type(exc).__name__}: {exc}"
+            return SettleResult(key, before, "error", error=error, lookup_failed=True)
     try:
         # the move presents the plan of the read that was checked and looked up (plan_unchanged)
         if event == EVENT.resend:
