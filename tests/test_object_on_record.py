@@ -89,6 +89,39 @@ def test_a_remote_id_on_record_refuses_a_resend(capsys, cli_on_json_server):
     assert rc == EXIT_REFUSED and store.get(it.key).state == "parked"  # naming another object is no consent
 
 
+@pytest.mark.parametrize("as_", ["resend", "not-sent", "park"])
+def test_the_settle_dry_run_names_the_object_on_record_of_a_move_that_sends_again(capsys, cli_on_json_server, as_):
+    store, url, server, _ = cli_on_json_server
+    key, remote_id = _answered_after_its_lease(store, server, "landed after its lease")
+    store.park(key, operator="alice")
+    other = submit(store, text="never sent")
+    store.park(other.key, operator="alice")
+    rc, out, _ = run_cli(
+        capsys, "--json", "settle", "--state", "parked", "--as", as_, "--operator", "alice", "--reason", "r",
+        "--database-url", url,
+    )  # fmt: skip
+    assert rc == EXIT_OK
+    selected = {p["key"]: p["on_record"] for p in json.loads(out)["selected"]}
+    sends_again = as_ != "park"
+    assert selected == {key: [remote_id] if sends_again else [], other.key: []}
+    rc, out, _ = run_cli(
+        capsys,
+        "settle",
+        "--state",
+        "parked",
+        "--as",
+        as_,
+        "--operator",
+        "alice",
+        "--reason",
+        "r",
+        "--database-url",
+        url,
+    )
+    assert (f"object {remote_id} on record" in out) == sends_again
+    assert {store.get(k).state for k in (key, other.key)} == {"parked"}  # a dry run writes nothing
+
+
 def test_bulk_settle_leaves_an_intent_with_an_object_on_record(capsys, cli_on_json_server):
     store, url, server, _ = cli_on_json_server
     key, remote_id = _answered_after_its_lease(store, server, "landed after its lease")

@@ -1002,7 +1002,13 @@ def cmd_settle(args) -> int:
                 "account": p["account"],
                 "kind": p["kind"],
                 "target": p["target"],
-                "move": f"{p['event']} -> {p['to']}" if p["to"] else f"no {p['event']} from {p['state']}",
+                "move": (
+                    f"none: object {p['on_record'][-1]} on record (resolve --published it)"
+                    if p["on_record"]
+                    else f"{p['event']} -> {p['to']}"
+                    if p["to"]
+                    else f"no {p['event']} from {p['state']}"
+                ),
             }
             for p in plan
         ]

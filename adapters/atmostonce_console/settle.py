@@ -81,20 +81,32 @@ def select(
 
 def would(store: OperatorStore, intents: Iterable[Intent], as_: str) -> list[dict[str, Any]]:
     """The dry run: for each intent, the move the table lists from its state (``to``), or ``None`` when the
-    table has no such move from there. Guards are not predicted: the store decides them at settle time."""
+    table has no such move from there; and ``on_record``, for a move that sends again, the ids of the objects
+    the store records as made by a send of it (its ``remote_id``, late successes' ids): settling it will be
+    refused (``found``; record the object with resolve as published). Guards are not predicted: the store
+    decides them at settle time, and the platform is not asked."""
+    from atmostonce.runtime import late_remote_ids
+
     ev = store.table.event(_event(as_))
-    return [
-        {
-            "key": it.key,
-            "state": it.state,
-            "account": it.account,
-            "kind": it.action_kind,
-            "target": it.target,
-            "event": ev.name,
-            "to": ev.target if it.state in ev.sources else None,
-        }
-        for it in intents
-    ]
+    again = sends_again(store.table, ev.name)
+    out = []
+    for it in intents:
+        on_record: list[str] = []
+        if again and it.state in ev.sources:
+            on_record = list(dict.fromkeys([*late_remote_ids(store, it.key), *filter(None, [it.remote_id])]))
+        out.append(
+            {
+                "key": it.key,
+                "state": it.state,
+                "account": it.account,
+                "kind": it.action_kind,
+                "target": it.target,
+                "event": ev.name,
+                "to": ev.target if it.state in ev.sources else None,
+                "on_record": on_record,
+            }
+        )
+    return out
 
 
 def next_moves(table, exc: Rejected) -> list[dict[str, Any]]:

@@ -602,23 +602,35 @@ def make_machine(factory: Callable[[], StoreUnderTest] | None = None) -> type[Ru
             data=st.data(),
             what=st.sampled_from(["park", "resolve_published", "resolve_not_sent", "resend"]),
             named=st.sampled_from([True, True, True, False]),
+            seen=st.sampled_from(["none", "current", "current", "overtaken"]),
         )
-        def operator(self, data, what, named):
+        def operator(self, data, what, named, seen):
             key = self.pick(
                 data, *((STATE.parked,) if what != "park" else (STATE.pending, STATE.indeterminate, STATE.failed))
             )
             who = "alice" if named else " "
+
+            def plan(st_: Any, k: str) -> dict[str, Any]:
+                # a person's resend and not-sent present the read they decided on: none (the row as the move
+                # reads it), the current read, or one another lookup has overtaken (refused: plan_unchanged)
+                if seen == "none":
+                    return {}
+                p = st_.get(k).plan
+                return {"plan": p if seen == "current" else replace(p, reconcile_count=p.reconcile_count + 1)}
+
             ops = {
                 "park": lambda st_, k: st_.park(k, operator=who),
                 "resolve_published": lambda st_, k: st_.resolve_published(k, operator=who, remote_id="r-human"),
-                "resolve_not_sent": lambda st_, k: st_.resolve_not_sent(k, operator=who),
-                "resend": lambda st_, k: st_.resend(k, operator=who),
+                "resolve_not_sent": lambda st_, k: st_.resolve_not_sent(k, operator=who, **plan(st_, k)),
+                "resend": lambda st_, k: st_.resend(k, operator=who, **plan(st_, k)),
             }
             m, _ = self.both(lambda st_, i: ops[what](st_, self.k(key, i)))
             if m[0] == "ok" and key in self.live:
                 self.stale.append(self.live.pop(key))
             if not named:
                 assert m[0] != "ok", "an anonymous operator moved an intent"
+            if seen == "overtaken" and what in ("resend", "resolve_not_sent"):
+                assert m[0] != "ok", f"{what} went through on a read another lookup had overtaken"
 
         # -- invariants ---------------------------------------------------------------
         @invariant()
