@@ -524,19 +524,20 @@ def cmd_resend(args) -> int:
 def _look_before_sending_again(args, store: OperatorStore, key: str, event: str) -> tuple[Plan, dict[str, Any]]:
     """What the store and the platform's lookup by key said before a person sends ``key`` again (``resend``,
     ``resolve --not-sent``): the plan of the read they were about, for the move to present, and what was looked
-    up. :func:`atmostonce.runtime.refuse_if_object_on_record` (``ObjectOnRecord``), then
-    :func:`atmostonce.runtime.look_before_sending_again` through the ``--platform-config`` transport
-    (``FoundOnPlatform`` when it finds the object); either exits 1 with nothing written."""
-    from atmostonce.runtime import look_before_sending_again, refuse_if_object_on_record
+    up (:func:`atmostonce.runtime.check_before_sending_again`, through the ``--platform-config`` transport when
+    given). ``ObjectOnRecord`` and ``FoundOnPlatform`` exit 1 with nothing written."""
+    from atmostonce.runtime import check_before_sending_again
 
-    plan = refuse_if_object_on_record(store, key, event, despite=args.despite_object)
     if not args.platform_config:
+        plan, _ = check_before_sending_again(store, None, key, event, args.despite_object)
         return plan, {"looked_up": [], "why": "no --platform-config to look it up"}
     transport = _platform(args)
     try:
-        return plan, look_before_sending_again(store, transport, key, event)
+        plan, looked = check_before_sending_again(store, transport, key, event, args.despite_object)
     finally:
         transport.close()
+    assert looked is not None  # a transport was given
+    return plan, looked
 
 
 def _moved_after_looking(args, it: Intent, looked: dict[str, Any]) -> int:
@@ -1018,9 +1019,9 @@ def cmd_settle(args) -> int:
         return EXIT_OK
     transport = _platform(args) if args.platform_config else None
     try:
-        from atmostonce.runtime import look_before_sending_again
+        from atmostonce.runtime import check_before_sending_again
 
-        look = None if transport is None else functools.partial(look_before_sending_again, store, transport)
+        look = None if transport is None else functools.partial(check_before_sending_again, store, transport)
         results: list[Any] = []
         try:
             settle(

@@ -275,22 +275,23 @@ def create_app(
         )
 
     def look_first(key: str, event: str) -> tuple[Plan, dict[str, Any]]:
-        """Before a person sends ``key`` again: first, with or without a platform, an object the store records
-        as made by a send of it (``ObjectOnRecord``); then the platform's lookup by key under every key it was
-        sent under (``FoundOnPlatform`` when an object is there: nothing is written), when the console has a
-        platform. Returns the plan of the read they were about, for the move to present, and the look's record."""
-        from atmostonce.runtime import refuse_if_object_on_record
+        """Before a person sends ``key`` again: an object the store records as made by a send of it
+        (``ObjectOnRecord``), and when the console has a platform its lookup by key under every key it was sent
+        under (``FoundOnPlatform`` when an object is there): nothing is written then
+        (:func:`atmostonce.runtime.check_before_sending_again`). Returns the plan of the read they were about,
+        for the move to present, and the look's record."""
+        from atmostonce.runtime import check_before_sending_again
 
-        plan = refuse_if_object_on_record(store, key, event)
         if platform is None:
+            plan, _ = check_before_sending_again(store, None, key, event)
             return plan, {"looked_up": [], "not_looked_up": "the console has no --platform-config to look it up"}
-        from atmostonce.runtime import look_before_sending_again
-
         transport = platform()
         try:
-            return plan, looked_doc(look_before_sending_again(store, transport, key, event))
+            plan, looked = check_before_sending_again(store, transport, key, event)
         finally:
             transport.close()
+        assert looked is not None  # a transport was given
+        return plan, looked_doc(looked)
 
     def looked_doc(looked: Mapping[str, Any]) -> dict[str, Any]:
         """What a look-first found nothing under, as the action log keeps it."""
@@ -430,9 +431,9 @@ def create_app(
 
         transport = None if platform is None else platform()
         try:
-            from atmostonce.runtime import look_before_sending_again
+            from atmostonce.runtime import check_before_sending_again
 
-            look = None if transport is None else functools.partial(look_before_sending_again, store, transport)
+            look = None if transport is None else functools.partial(check_before_sending_again, store, transport)
             results = settle(store, keys, as_=as_, operator=operator, reason=reason, look=look, on_result=log_result)
         except IntakeError as exc:  # refused before any key was touched (the move, the operator, the reason)
             action_log.record(

@@ -15,7 +15,7 @@ from typing import Any
 from atmostonce.errors import SOURCE_STATE, FoundOnPlatform, IntakeError, ObjectOnRecord, Rejected, StoreError
 from atmostonce.names import EFFECT, EVENT
 from atmostonce.protocols import OperatorStore
-from atmostonce.records import Intent, check_text
+from atmostonce.records import Intent, Plan, check_text
 
 __all__ = ["SETTLE_MOVES", "Look", "SettleResult", "refusal_doc", "select", "sends_again", "settle", "would"]
 
@@ -139,9 +139,10 @@ def refusal_doc(table, exc: Rejected) -> dict[str, Any]:
     return exc.as_dict() | {"meaning": meaning, "detail": exc.detail, "next": next_moves(table, exc)}
 
 
-Look = Callable[[str, str], dict[str, Any]]
-"""``(key, event) -> {"looked_up": [...], "why": ...}``: the platform's lookup before a person sends ``key``
-again by ``event`` (:func:`atmostonce.runtime.look_before_sending_again` bound to a store and a transport)."""
+Look = Callable[[str, str], tuple[Plan, dict[str, Any] | None]]
+"""``(key, event) -> (plan, {"looked_up": [...], "why": ...})``: the checks and the platform's lookup before a
+person sends ``key`` again by ``event`` (:func:`atmostonce.runtime.check_before_sending_again` bound to a store
+and a transport): the plan of the read they were about, for the move to present, and what was looked up."""
 
 
 def sends_again(table: Any, event: str) -> bool:
@@ -196,14 +197,18 @@ def _settle_one(
         return SettleResult(key, None, "error", error=str(exc))
     before = None if found is None else found.state
     lookup: dict[str, Any] | None = None
-    plan = None if found is None else found.plan  # an unknown key is refused by the move (intent_exists)
+    plan = None  # an unknown key is refused by the move (intent_exists)
     if again:
-        from atmostonce.runtime import refuse_if_object_on_record
+        from atmostonce.runtime import check_before_sending_again
 
         try:
-            if found is not None:
-                plan = refuse_if_object_on_record(store, key, event)
-            lookup = {"looked_up": [], "why": "no platform to look it up"} if look is None else look(key, event)
+            if found is None:
+                pass  # nothing to check or look up: the move refuses an unknown key (intent_exists)
+            elif look is not None:
+                plan, lookup = look(key, event)
+            else:
+                plan, _ = check_before_sending_again(store, None, key, event)
+                lookup = {"looked_up": [], "why": "no platform to look it up"}
         except (FoundOnPlatform, ObjectOnRecord) as exc:
             return SettleResult(key, before, "found", found=exc.as_dict())
         except Rejected as exc:  # the intent was sent again while it was being looked up

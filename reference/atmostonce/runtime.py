@@ -31,6 +31,7 @@ from .errors import (
     SOURCE_STATE,
     FoundOnPlatform,
     GuardRefused,
+    IllegalMove,
     IntakeError,
     NotVerified,
     ObjectOnRecord,
@@ -271,16 +272,21 @@ def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despi
     already records an object a send of it made (its ``remote_id``; a late success's id, of any attempt: a post
     an earlier attempt made is a copy all the same). ``despite``: the id the person names to send again anyway
     (the object is wrong, or was deleted); any other recorded id still refuses. Writes nothing, asks the
-    platform nothing; nothing is checked when ``event`` cannot leave the intent's state (the move is then
-    refused by its source state).
+    platform nothing.
 
     Returns the ``Intent.plan`` of the read it checked, for the move to present (``plan=``): everything the
     person is shown before the move (this check, the platform's look after it) is about that read, and the
     move is refused (``plan_unchanged``) if the intent had another attempt or lookup since
-    (docs/design.md#a-lookup-must-answer-for-its-key). Raises ``KeyError`` for an unknown key."""
+    (docs/design.md#a-lookup-must-answer-for-its-key). Call it again after a look at the platform: a late
+    answer recorded meanwhile does not move the intent, so the plan does not fence it.
+
+    Raises :class:`IllegalMove` (``source_state``) when ``event`` cannot leave the intent's state, as the move
+    would: nothing is checked then, so no plan is given (the intent may be parked next without another attempt,
+    by the reconciler or a person, and a plan of this read would let a move through that no check covered);
+    ``KeyError`` for an unknown key."""
     it = store.get(key)
     if it.state not in store.table.sources(event):
-        return it.plan
+        raise IllegalMove(event, key, SOURCE_STATE, it.state)
     on_record = [(remote_id, "late_outcome") for remote_id in late_remote_ids(store, key)]
     if it.remote_id is not None:
         on_record.append((it.remote_id, "remote_id"))
@@ -288,6 +294,35 @@ def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despi
         if remote_id != despite:
             raise ObjectOnRecord(key, remote_id, recorded_as)
     return it.plan
+
+
+def check_before_sending_again(
+    store: OperatorStore, transport: Transport | None, key: str, event: str, despite: str | None = None
+) -> tuple[Plan, dict[str, Any] | None]:
+    """Everything a person's move that sends intent ``key`` again (``resend``, ``resolve_not_sent``) checks first,
+    writing nothing: :func:`refuse_if_object_on_record`, then with a ``transport`` :func:`look_before_sending_again`
+    and the object-on-record check once more (a late answer is recorded without moving the intent, so the plan
+    would not fence one that came during the look).
+
+    Returns ``(plan, looked)``: the ``Intent.plan`` the move presents (``plan=``), read before the look and read
+    again, unchanged, after it, so the keys looked under are every key the intent was sent under up to the move's
+    conditional write; ``looked`` as :func:`look_before_sending_again` returns it, ``None`` without a transport.
+    When the intent had another attempt or lookup during the look, it is looked up again, three rounds at most.
+
+    Raises what those raise: ``ObjectOnRecord``, ``FoundOnPlatform``, ``IllegalMove`` (the move does not start
+    from the intent's state), :class:`Rejected` (``lost_race``: it kept moving), the transport's error."""
+    plan = refuse_if_object_on_record(store, key, event, despite)
+    if transport is None:
+        return plan, None
+    for _ in range(3):
+        looked = look_before_sending_again(store, transport, key, event)
+        again = refuse_if_object_on_record(store, key, event, despite)
+        if again == plan:
+            return plan, looked
+        plan = again
+    raise Rejected(
+        event, key, LOST_RACE, store.get(key).state, "the intent was sent again while it was being looked up"
+    )
 
 
 def lookup_answer(transport: Transport, key: str, resend_epoch: int, fence_epoch: int) -> LookupResult:

@@ -216,9 +216,18 @@ def _plan_args(plan: Plan) -> dict[str, Any]:
         raise IntakeError(
             f"expected a Plan (Intent.plan), got {type(plan).__name__}", field="plan", code=IntakeCode.WRONG_TYPE
         )
+    count = _int("plan reconcile count", plan.reconcile_count)
+    assert count is not None  # not optional
+    if not 0 <= count < 2**31:  # a reconcile count is a 32-bit column (PostgreSQL would fail to cast it)
+        raise IntakeError(
+            f"plan reconcile count must be between 0 and {2**31 - 1}, got {count!r}",
+            field="plan reconcile count",
+            code=IntakeCode.OUT_OF_RANGE,
+            limit=0 if count < 0 else 2**31 - 1,
+        )
     return {
         "plan_generation": _int("plan generation", plan.generation, optional=True),
-        "plan_reconcile_count": _int("plan reconcile count", plan.reconcile_count),
+        "plan_reconcile_count": count,
         "plan_epoch": _int("plan epoch", plan.epoch, optional=True),
     }
 
@@ -898,7 +907,9 @@ class Operations(ClaimOperations):
         ``plan``: the ``Intent.plan`` of the read the person decided on (what they looked up on the platform and
         in the store was for that read); the move is refused (``plan_unchanged``) if the intent has had another
         attempt or lookup since, or a restore came between (docs/design.md#a-lookup-must-answer-for-its-key).
-        ``None``: the intent as it is when this call reads it, for a caller that looked at nothing first.
+        ``None``: the plan of the intent as this call reads it, just before its conditional write, for a caller
+        that looked at nothing first (another move between that read and the write refuses it all the same:
+        ``plan_unchanged``, recorded; call again).
         Raises :class:`Rejected` naming the guard that refused; ``IntakeError`` for a ``plan`` of another key."""
         return self._move(EVENT.resend, key, {"operator": _operator(operator)} | self._person_plan(key, plan))
 

@@ -115,7 +115,7 @@ class Server:
             return intent_json(s.park_unreconcilable(plan(a), reason=a.get("reason", "unreconcilable")))
         if op in ("retry", "exhaust"):
             return intent_json(getattr(s, op)(a["key"]))
-        person_plan = {"plan": plan(a)} if "plan" in a else {}  # a person's move: the read they decided on
+        person_plan = {} if a.get("plan") is None else {"plan": plan(a)}  # a person's move: the read decided on
         if op == "park":
             return intent_json(s.park(a["key"], operator=a["operator"], **only(a, "reason")))
         if op == "resolve_not_sent":

@@ -232,8 +232,8 @@ def _claim_lease(args: Mapping[str, Any]) -> ClaimLease | None:
 
 
 def _person_plan(args: Mapping[str, Any]) -> dict[str, Any]:
-    """A person's move's optional ``plan``: absent, the store reads the row as it is when the move runs."""
-    return {"plan": _plan(args)} if "plan" in args else {}
+    """A person's move's optional ``plan``: absent or null, the store reads the row as it is when the move runs."""
+    return {} if args.get("plan") is None else {"plan": _plan(args)}
 
 
 def _opt(args: Mapping[str, Any], *names: str) -> dict[str, Any]:
