@@ -253,8 +253,8 @@ def test_a_late_answer_recorded_during_the_look_refuses_the_move(capsys, cli_on_
     assert store.get(it.key).state == STATE.parked
 
 
-@pytest.mark.parametrize("count", [-1, 2**31, 2**40])
-def test_a_plan_reconcile_count_outside_its_column_is_bad_input_on_every_store(store, count):
+@pytest.mark.parametrize("count", [-(2**40), -(2**31) - 1, 2**31, 2**40])
+def test_a_plan_reconcile_count_outside_its_32_bit_column_is_bad_input_on_every_store(store, count):
     it, _ = to_state(store, STATE.parked, text=f"count {count}")
     plan = replace(store.get(it.key).plan, reconcile_count=count)
     with pytest.raises(IntakeError) as bad:

@@ -218,12 +218,12 @@ def _plan_args(plan: Plan) -> dict[str, Any]:
         )
     count = _int("plan reconcile count", plan.reconcile_count)
     assert count is not None  # not optional
-    if not 0 <= count < 2**31:  # a reconcile count is a 32-bit column (PostgreSQL would fail to cast it)
+    if not -(2**31) <= count < 2**31:  # a reconcile count is a 32-bit column (PostgreSQL would fail to cast it)
         raise IntakeError(
-            f"plan reconcile count must be between 0 and {2**31 - 1}, got {count!r}",
+            f"plan reconcile count must be a 32-bit integer, got {count!r}",
             field="plan reconcile count",
             code=IntakeCode.OUT_OF_RANGE,
-            limit=0 if count < 0 else 2**31 - 1,
+            limit=-(2**31) if count < 0 else 2**31 - 1,
         )
     return {
         "plan_generation": _int("plan generation", plan.generation, optional=True),
