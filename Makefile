@@ -77,7 +77,7 @@ quick: $(STAMP) spec-check lint typecheck docs-check
 	  --ignore=tests/test_review_restore_parked_and_sqlite_create.py --ignore=tests/test_review_lost_race_retry.py \
 	  --ignore=tests/test_diagnosis_clock_edge.py --ignore=tests/test_review_lookup_key_and_resend.py \
 	  --ignore=tests/test_cli_look_before_sending_again.py --ignore=tests/test_settle_looks_first.py \
-	  --ignore=tests/test_review_settle_session.py --ignore=tests/test_object_on_record.py --ignore=tests/test_person_plan.py
+	  --ignore=tests/test_review_settle_session.py --ignore=tests/test_object_on_record.py --ignore=tests/test_person_plan.py --ignore=tests/test_review_look_and_despite.py
 
 ## the PostgreSQL HA cluster (etcd + two Patroni nodes on loopback, docs/deployment.md): the failover tests, then
 ## 4 worker processes publish HA_INTENTS intents while the primary is SIGKILLed HA_FAILOVERS times, with the rule

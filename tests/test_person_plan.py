@@ -237,8 +237,8 @@ def test_a_late_answer_recorded_during_the_look_refuses_the_move(capsys, cli_on_
     it, lease = to_state(store, STATE.parked, text="answered during the look")
     real = runtime.look_before_sending_again
 
-    def look_while_the_answer_arrives(st, transport, key, event=None):
-        looked = real(st, transport, key, event)
+    def look_while_the_answer_arrives(st, transport, key, event=None, despite=None):
+        looked = real(st, transport, key, event, despite)
         with pytest.raises(Rejected) as lapsed:  # the worker's lease lapsed: its answer is kept as evidence
             st.record_success(lease, remote_id="r-late")
         st.record_late_outcome(lease, outcome="send.success", refused=lapsed.value, remote_id="r-late")

@@ -72,6 +72,15 @@ def compare_approved(request: WireRequest, found: Found, projection: Projection)
     return compare(sent, found.body, projection)
 
 
+def _json(content: bytes) -> Any:
+    """``json.loads``, with a body nested too deeply for the parser (``RecursionError``) counted as not JSON
+    (``ValueError``): an answer nobody can read, whatever its status."""
+    try:
+        return json.loads(content)
+    except RecursionError as exc:
+        raise ValueError("the JSON is nested too deeply to parse") from exc
+
+
 class HttpTransportError(AtMostOnceError):
     """A read-back or lookup got no usable answer (network failure or unexpected status).
 
@@ -429,7 +438,7 @@ class _HttpCore:
             segments = [s for s in urlsplit(location).path.split("/") if s]
             return usable_id(unquote(segments[-1])) if segments else None
         try:
-            doc = json.loads(response.content)
+            doc = _json(response.content)
         except ValueError:
             return None
         return usable_id(pointer_get(doc, self.config.id_pointer or ""))
@@ -473,7 +482,7 @@ class _HttpCore:
     # ---------------------------------------------------------------- read back / lookup
     def _body_of(self, response: httpx.Response) -> Mapping[str, Any] | None:
         try:
-            doc = json.loads(response.content)
+            doc = _json(response.content)
         except ValueError:
             return None
         body = pointer_get(doc, self.config.body_pointer)
@@ -550,7 +559,7 @@ class _HttpCore:
         if response.status_code != 200:
             raise HttpTransportError(f"lookup got HTTP {response.status_code}", response.status_code)
         try:
-            doc = json.loads(response.content)
+            doc = _json(response.content)
         except ValueError as exc:
             raise HttpTransportError("lookup answered 200 with a body that is not JSON", 200) from exc
         cfg = self.config

@@ -111,6 +111,11 @@ class FoundOnPlatform(AtMostOnceError):
         return {"key": self.key, "remote_id": self.remote_id, "platform_key": self.platform_key}
 
 
+class LookupAnswerError(AtMostOnceError, TypeError):
+    """A transport's lookup answered something that is none of ``Found``, ``NotFound`` and ``Unsupported``: a
+    failed lookup, which decides nothing (``atmostonce.runtime.lookup_answer``). A ``TypeError`` as well."""
+
+
 class ObjectOnRecord(AtMostOnceError):
     """A person asked to send an intent again (``resend``, ``resolve --not-sent``, bulk settle), and the store
     already records an object one of its sends made: the intent's remote id, or the id a late success brought

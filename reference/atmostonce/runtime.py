@@ -33,6 +33,7 @@ from .errors import (
     GuardRefused,
     IllegalMove,
     IntakeError,
+    LookupAnswerError,
     NotVerified,
     ObjectOnRecord,
     Rejected,
@@ -233,7 +234,7 @@ def verify_remote_object(store: OperatorStore, transport: Transport, key: str, r
 
 
 def look_before_sending_again(
-    store: OperatorStore, transport: Transport, key: str, event: str | None = None
+    store: OperatorStore, transport: Transport, key: str, event: str | None = None, despite: str | None = None
 ) -> dict[str, Any]:
     """Before a person sends intent ``key`` again by ``event`` (``resend``, the default, or ``resolve_not_sent``): look it up on the
     platform under every idempotency key its attempts were sent under, newest first, writing nothing.
@@ -245,7 +246,8 @@ def look_before_sending_again(
     keeps it: looking there would make the platform refuse the very send the person allows.
 
     Raises :class:`FoundOnPlatform` for the first key an object is found under (whatever it holds: an object
-    under the intent's key is its post); :class:`Rejected` (guard ``lost_race``) when the intent's attempts
+    under the intent's key is its post), but for the object ``despite`` names (the person sends another copy
+    anyway, ``--despite-object``): looking goes on under the other keys; :class:`Rejected` (guard ``lost_race``) when the intent's attempts
     changed during the look three times running (someone else sent it again meanwhile: the keys looked at are not
     all its keys); whatever the transport raises when the platform gives no usable answer propagates (e.g.
     ``HttpTransportError``): nothing is decided then. A lookup that finds nothing proves nothing
@@ -260,7 +262,7 @@ def look_before_sending_again(
     for _ in range(3):
         it = store.get(key)
         seen = (it.state, it.attempt_count, it.generation, it.resend_epoch, it.fence_epoch)
-        looked = _look_under_every_key(store, transport, it, keeps_key)
+        looked = _look_under_every_key(store, transport, it, keeps_key, despite)
         after = store.get(key)
         if (after.state, after.attempt_count, after.generation, after.resend_epoch, after.fence_epoch) == seen:
             return looked
@@ -286,7 +288,9 @@ def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despi
     ``KeyError`` for an unknown key."""
     it = store.get(key)
     if it.state not in store.table.sources(event):
-        raise IllegalMove(event, key, SOURCE_STATE, it.state)
+        refused = IllegalMove(event, key, SOURCE_STATE, it.state)
+        observe.log_refusal(refused)  # counted by guard, as the store's own refusal would have been
+        raise refused
     on_record = [(remote_id, "late_outcome") for remote_id in late_remote_ids(store, key)]
     if it.remote_id is not None:
         on_record.append((it.remote_id, "remote_id"))
@@ -315,7 +319,7 @@ def check_before_sending_again(
     if transport is None:
         return plan, None
     for _ in range(3):
-        looked = look_before_sending_again(store, transport, key, event)
+        looked = look_before_sending_again(store, transport, key, event, despite)
         again = refuse_if_object_on_record(store, key, event, despite)
         if again == plan:
             return plan, looked
@@ -327,18 +331,21 @@ def check_before_sending_again(
 
 def lookup_answer(transport: Transport, key: str, resend_epoch: int, fence_epoch: int) -> LookupResult:
     """``transport.lookup(key, resend_epoch, fence_epoch)``, refusing an answer that is none of ``Found``,
-    ``NotFound`` and ``Unsupported``: raises ``TypeError`` then (a plugin's ``None``, a mapping, an unawaited
-    coroutine), so that the caller counts a failed lookup; nothing but a ``NotFound`` says "not found"."""
+    ``NotFound`` and ``Unsupported``: raises :class:`LookupAnswerError` (a ``TypeError``) then (a plugin's
+    ``None``, a mapping, an unawaited coroutine), so that the caller counts a failed lookup (the CLI exits 3, the
+    console shows a platform error); nothing but a ``NotFound`` says "not found"."""
     res = transport.lookup(key, resend_epoch, fence_epoch)
     if not isinstance(res, (Found, NotFound, Unsupported)):
-        raise TypeError(
+        raise LookupAnswerError(
             f"the {getattr(transport, 'name', type(transport).__name__)} transport's lookup answered "
             f"{type(res).__name__}, not Found, NotFound or Unsupported"
         )
     return res
 
 
-def _look_under_every_key(store: OperatorStore, transport: Transport, it: Intent, keeps_key: bool) -> dict[str, Any]:
+def _look_under_every_key(
+    store: OperatorStore, transport: Transport, it: Intent, keeps_key: bool, despite: str | None
+) -> dict[str, Any]:
     epochs: list[tuple[int, int]] = []
     for a in reversed(store.attempts(it.key)):
         pair = (it.resend_epoch, it.fence_epoch) if a.resend_epoch is None else (a.resend_epoch, a.fence_epoch)
@@ -356,7 +363,7 @@ def _look_under_every_key(store: OperatorStore, transport: Transport, it: Intent
         platform_key = platform_idempotency_key(it.key, resend_epoch, fence_epoch)
         res = lookup_answer(transport, it.key, resend_epoch, fence_epoch)
         looked.append(platform_key)
-        if isinstance(res, Found):
+        if isinstance(res, Found) and (despite is None or res.remote_id != despite):
             raise FoundOnPlatform(it.key, res.remote_id, platform_key)
         if isinstance(res, Unsupported):
             return {"looked_up": looked[:-1], "why": f"the platform cannot look up by key: {res.reason}"}

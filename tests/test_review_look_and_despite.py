@@ -1,0 +1,107 @@
+"""From an adversarial review of a person's look-first (docs/design.md#a-lookup-must-answer-for-its-key):
+
+* a platform whose lookup answers 200 with JSON nested too deeply for the parser (``RecursionError``) made the
+  single ``resend`` and ``resolve --not-sent`` end in a traceback (exit 1, read as "refused") and the console's
+  intent page answer 500, with nothing in its action log; bulk settle already took it as a failed lookup;
+* a transport whose lookup returns something that is no lookup answer (a plugin's ``None``) made the console's
+  intent page answer 500 (its ``TypeError`` escaped);
+* ``--despite-object X`` with ``--platform-config`` could never go through while the platform still held X: the
+  look found X and refused the very copy the person had decided to send.
+
+The platforms are a raw socket server and json-server (a REST server nobody here wrote)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+
+import pytest
+
+from atmostonce.names import STATE
+from atmostonce.runtime import wire_request
+from atmostonce_cli.main import EXIT_OK, EXIT_REFUSED, EXIT_STORE
+from atmostonce_http import HttpTransport
+from tests.helpers import answer_json, begin_authorize, http_platform, run_cli, submit, to_state
+from tests.http.jsonserver import profile
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+
+
+class _Deep(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        answer_json(self, 200, DEEP)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def deep_platform(tmp_path):
+    with http_platform(_Deep) as srv:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        cfg = tmp_path / "deep.json"
+        cfg.write_text(json.dumps(profile(url)))
+        yield url, str(cfg)
+
+
+@pytest.mark.parametrize("command", [("resend",), ("resolve", "--not-sent")], ids=["resend", "not-sent"])
+def test_a_lookup_answer_nested_too_deeply_to_parse_is_a_platform_error_exit_3(capsys, cli_db, deep_platform, command):
+    url, store = cli_db
+    it, _ = to_state(store, STATE.parked, text=f"deep answer {command[0]}")
+    rc, out, _ = run_cli(
+        capsys, "--json", *command, it.key, "--operator", "alice", "--platform-config", deep_platform[1],
+        "--database-url", url,
+    )  # fmt: skip
+    assert rc == EXIT_STORE
+    assert "platform_error" in json.loads(out)
+    assert store.get(it.key).state == STATE.parked
+
+
+def _resend_in_the_console(store, key, tmp_path, platform):
+    """A person's resend of ``key`` on the console's intent page: (status code, the action log's resend rows)."""
+    from tests.console.conftest import make_client, sign_in
+
+    with make_client(store, tmp_path, platform=platform) as c:
+        csrf = sign_in(c)
+        r = c.post(f"/intents/{key}/resend", data={"csrf": csrf, "reason": "looked"}, follow_redirects=False)
+        return r.status_code, [e for e in c.log.rows() if e.get("action") == "resend"]
+
+
+def test_the_console_shows_a_lookup_answer_it_cannot_parse_as_an_error_and_logs_it(sql_store, tmp_path, deep_platform):
+    it, _ = to_state(sql_store, STATE.parked, text="deep answer in the console")
+    status, logged = _resend_in_the_console(
+        sql_store, it.key, tmp_path, lambda: HttpTransport(profile(deep_platform[0]))
+    )
+    assert status == 303 and len(logged) == 1
+    assert sql_store.get(it.key).state == STATE.parked
+
+
+def test_the_console_takes_a_lookup_that_answers_none_as_a_failed_lookup(sql_store, tmp_path):
+    class NoneLookup(HttpTransport):
+        def lookup(self, *a, **kw):
+            return None
+
+    it, _ = to_state(sql_store, STATE.parked, text="a plugin's None")
+    status, logged = _resend_in_the_console(
+        sql_store, it.key, tmp_path, lambda: NoneLookup(profile("http://127.0.0.1:9"))
+    )
+    assert status == 303 and len(logged) == 1
+    assert sql_store.get(it.key).state == STATE.parked
+
+
+def test_despite_object_goes_ahead_past_the_object_it_names_and_no_other(capsys, cli_on_json_server):
+    store, url, server, cfg = cli_on_json_server
+    it = submit(store, text="a wrong post")
+    lease = begin_authorize(store, it.key)
+    with HttpTransport(profile(server.url)) as t:
+        remote_id = t.send(wire_request(store.get(it.key))).remote_id  # on the platform under the intent's key
+    store.record_success(lease, remote_id=remote_id)
+    store.read_back_failed(lease, reason="read back timed out")
+    store.park(it.key, operator="bob")
+    base = ["--json", "resend", it.key, "--operator", "alice", "--platform-config", cfg, "--database-url", url]
+    rc, out, _ = run_cli(capsys, *base, "--despite-object", "another-id")
+    assert rc == EXIT_REFUSED and json.loads(out)["on_record"]["remote_id"] == remote_id
+    rc, out, _ = run_cli(capsys, *base, "--despite-object", remote_id)
+    assert rc == EXIT_OK, out
+    assert store.get(it.key).state == STATE.pending
+    assert len(server.posts()) == 1  # the person's copy is sent by the worker, not by the command
