@@ -105,3 +105,26 @@ def test_despite_object_goes_ahead_past_the_object_it_names_and_no_other(capsys,
     assert rc == EXIT_OK, out
     assert store.get(it.key).state == STATE.pending
     assert len(server.posts()) == 1  # the person's copy is sent by the worker, not by the command
+
+
+def test_an_interrupt_after_a_keys_move_committed_reports_where_that_key_is(capsys, cli_db, monkeypatch):
+    """A Ctrl-C landing after a key's move committed, before the store call returned: the interrupted settle's
+    report said "the rest were not settled" while that intent had been sent again. It now reads the key it
+    stopped at again and reports it (``--json``: ``stopped_at``)."""
+    from atmostonce_sql.store import SqlStore
+
+    url, store = cli_db
+    it, _ = to_state(store, STATE.parked, text="interrupted after its commit")
+    real = SqlStore.resend
+
+    def resend_then_interrupt(self, *a, **kw):
+        real(self, *a, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(SqlStore, "resend", resend_then_interrupt)
+    argv = ["--json", "settle", "--state", "parked", "--as", "resend", "--operator", "alice", "--reason", "r", "--yes"]
+    with pytest.raises(KeyboardInterrupt):
+        run_cli(capsys, *argv, "--database-url", url)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["interrupted"], doc["results"]) == (True, [])
+    assert doc["stopped_at"] == {"key": it.key, "state_before": STATE.parked, "state_now": STATE.pending}

@@ -1034,11 +1034,16 @@ def cmd_settle(args) -> int:
                 on_result=results.append,
             )
         except BaseException:  # an interrupt part-way: say what was moved before it, then let it end the command
+            doc: dict[str, Any] = {"dry_run": False, "interrupted": True, "results": [r.as_dict() for r in results]}
+            text = "\n".join(f"{r.key[:16]}  {r.result} {r.state_after or ''}".rstrip() for r in results)
+            if len(results) < len(picked):  # the key it stopped at: its move may have committed before the interrupt
+                at = picked[len(results)]
+                with contextlib.suppress(Exception):
+                    now = store.find(at.key)
+                    doc["stopped_at"] = {"key": at.key, "state_before": at.state, "state_now": now and now.state}
+                    text += f"\n{at.key[:16]}  stopped at: was {at.state}, now {now and now.state}"
             _emit(
-                args,
-                {"dry_run": False, "interrupted": True, "results": [r.as_dict() for r in results]},
-                "\n".join(f"{r.key[:16]}  {r.result} {r.state_after or ''}".rstrip() for r in results)
-                + f"\ninterrupted after {len(results)} of {len(picked)}: the rest were not settled",
+                args, doc, text + f"\ninterrupted at {len(results) + 1} of {len(picked)}: those after were not settled"
             )
             raise
     finally:

@@ -173,7 +173,8 @@ def settle(
 
     ``on_result`` is called with each key's result as soon as it is known, so that a caller records every move
     made even when something that is not an ``Exception`` (an interrupt) stops the settle part-way: that
-    propagates, and the key it stopped at was not moved by this call. Raises :class:`IntakeError` for an
+    propagates, and has no result for the key it stopped at: its move may have committed just before the interrupt,
+    so a caller reads that key again to say where it is (the CLI does). Raises :class:`IntakeError` for an
     unknown ``as_`` or an empty operator or reason, before any key is touched."""
     event = _event(as_)
     operator = check_text("operator", operator)
