@@ -128,3 +128,28 @@ def test_an_interrupt_after_a_keys_move_committed_reports_where_that_key_is(caps
     doc = json.loads(capsys.readouterr().out)
     assert (doc["interrupted"], doc["results"]) == (True, [])
     assert doc["stopped_at"] == {"key": it.key, "state_before": STATE.parked, "state_now": STATE.pending}
+
+
+def test_a_bulk_settle_whose_store_gives_no_answer_exits_3_as_a_single_resend_does(capsys, cli_db, monkeypatch):
+    from atmostonce import StoreError
+    from atmostonce_sql.store import SqlStore
+
+    url, store = cli_db
+    it, _ = to_state(store, STATE.parked, text="the store went away")
+
+    def no_answer(self, *a, **kw):
+        raise StoreError("the database is not answering")
+
+    monkeypatch.setattr(SqlStore, "resend", no_answer)
+    rc, out, _ = run_cli(
+        capsys, "--json", "settle", "--state", "parked", "--as", "resend", "--operator", "alice", "--reason", "r",
+        "--yes", "--database-url", url,
+    )  # fmt: skip
+    assert rc == EXIT_STORE
+    (result,) = json.loads(out)["results"]
+    assert (result["key"], result["result"], result["store_failed"], result["lookup_failed"]) == (
+        it.key, "error", True, False,
+    )  # fmt: skip
+    monkeypatch.undo()
+    rc, out, _ = run_cli(capsys, "--json", "resend", it.key, "--operator", "alice", "--database-url", url)
+    assert rc == EXIT_OK  # nothing was written: it is still parked for the next run

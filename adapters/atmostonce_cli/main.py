@@ -1077,8 +1077,12 @@ def cmd_settle(args) -> int:
     unanswered = sum(r.lookup_failed for r in results)
     if unanswered:
         lines.append(f"{unanswered} left as they were: the platform gave no usable answer to their lookup (exit 3)")
+    store_failed = sum(r.store_failed for r in results)
+    if store_failed:
+        lines.append(f"{store_failed} not settled: the store gave no answer (exit 3)")
+    unanswered += store_failed
     _emit(args, {"dry_run": False, "results": [r.as_dict() for r in results]}, "\n".join(lines))
-    # as single resend and resolve: a platform that did not answer is exit 3 (run it again later)
+    # as single resend and resolve: a platform or a store that did not answer is exit 3 (run it again later)
     return EXIT_STORE if unanswered else EXIT_OK if moved == len(results) else EXIT_REFUSED
 
 

@@ -33,7 +33,8 @@ class SettleResult:
     and ``recorded_as``; nothing was written) or ``error``. ``lookup``: what was looked up before a move that
     sends again (``looked_up``, the platform keys; ``why``, what was not looked up), ``None`` for other moves.
     ``lookup_failed``: the ``error`` is the platform's: its lookup gave no usable answer (nothing was decided;
-    the same settle may be run again once it answers)."""
+    the same settle may be run again once it answers). ``store_failed``: the ``error`` is the store's
+    (``StoreError``: it gave no answer; nothing is known to have been written for that key)."""
 
     key: str
     state_before: str | None
@@ -44,6 +45,7 @@ class SettleResult:
     found: dict[str, Any] | None = None
     lookup: dict[str, Any] | None = None
     lookup_failed: bool = False
+    store_failed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,8 +196,8 @@ def _settle_one(
 ) -> SettleResult:
     try:
         found = store.find(key)
-    except (IntakeError, StoreError) as exc:  # a key the store refuses to read (too long, not text)
-        return SettleResult(key, None, "error", error=str(exc))
+    except (IntakeError, StoreError) as exc:  # a key the store refuses to read (too long, not text), or no store
+        return _error(key, None, exc)
     before = None if found is None else found.state
     lookup: dict[str, Any] | None = None
     plan = None  # an unknown key is refused by the move (intent_exists)
@@ -212,10 +214,10 @@ def _settle_one(
                 lookup = {"looked_up": [], "why": "no platform to look it up"}
         except (FoundOnPlatform, ObjectOnRecord) as exc:
             return SettleResult(key, before, "found", found=exc.as_dict())
-        except Rejected as exc:  # the intent was sent again while it was being looked up
+        except Rejected as exc:  # not a move from its state, or sent again each time it was looked up
             return SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc))
         except (IntakeError, StoreError) as exc:
-            return SettleResult(key, before, "error", error=str(exc))
+            return _error(key, before, exc)
         except Exception as exc:  # noqa: BLE001 - the transport's own error: the platform gave no usable answer
             error = f"lookup failed: {type(exc).__name__}: {exc}"
             return SettleResult(key, before, "error", error=error, lookup_failed=True)
@@ -230,5 +232,11 @@ def _settle_one(
     except Rejected as exc:
         return SettleResult(key, before, "refused", refused=refusal_doc(store.table, exc), lookup=lookup)
     except (IntakeError, StoreError) as exc:
-        return SettleResult(key, before, "error", error=str(exc), lookup=lookup)
+        return _error(key, before, exc, lookup)
     return SettleResult(key, before, "moved", state_after=it.state, lookup=lookup)
+
+
+def _error(key: str, before: str | None, exc: Exception, lookup: dict[str, Any] | None = None) -> SettleResult:
+    """A key's ``error``: bad input (``IntakeError``) or a store that gave no answer (``store_failed``)."""
+    failed = isinstance(exc, StoreError)
+    return SettleResult(key, before, "error", error=str(exc), lookup=lookup, store_failed=failed)
