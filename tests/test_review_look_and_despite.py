@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from atmostonce.identity import platform_idempotency_key
 from atmostonce.names import STATE
 from atmostonce.runtime import wire_request
 from atmostonce_cli.main import EXIT_OK, EXIT_REFUSED, EXIT_STORE
@@ -103,6 +104,10 @@ def test_despite_object_goes_ahead_past_the_object_it_names_and_no_other(capsys,
     assert rc == EXIT_REFUSED and json.loads(out)["on_record"]["remote_id"] == remote_id
     rc, out, _ = run_cli(capsys, *base, "--despite-object", remote_id)
     assert rc == EXIT_OK, out
+    assert json.loads(out)["lookup"]["despite_found"] == {
+        "remote_id": remote_id,
+        "platform_key": platform_idempotency_key(it.key, 0, 0),
+    }
     assert store.get(it.key).state == STATE.pending
     assert len(server.posts()) == 1  # the person's copy is sent by the worker, not by the command
 

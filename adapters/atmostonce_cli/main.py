@@ -545,6 +545,12 @@ def _moved_after_looking(args, it: Intent, looked: dict[str, Any]) -> int:
         note = f"looked up on the platform first, nothing found under {', '.join(looked['looked_up'])}"
     else:
         note = f"NOT looked up on the platform first: {looked['why']}"
+    if "despite_found" in looked:  # --despite-object: the named object is there, and another copy will be sent
+        named = looked["despite_found"]
+        note = (
+            f"looked up on the platform first: only the object you named, {named['remote_id']}, under "
+            f"{named['platform_key']}; another copy will be sent"
+        )
     _emit(args, _intent_dict(it) | {"lookup": looked}, f"{it.key[:16]}  now {it.state}; {note}")
     return EXIT_OK
 

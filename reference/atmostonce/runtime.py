@@ -247,7 +247,8 @@ def look_before_sending_again(
 
     Raises :class:`FoundOnPlatform` for the first key an object is found under (whatever it holds: an object
     under the intent's key is its post), but for the object ``despite`` names (the person sends another copy
-    anyway, ``--despite-object``): looking goes on under the other keys; :class:`Rejected` (guard ``lost_race``) when the intent's attempts
+    anyway, ``--despite-object``): looking goes on under the other keys, and the result says where it was
+    (``despite_found``: ``remote_id``, ``platform_key``); :class:`Rejected` (guard ``lost_race``) when the intent's attempts
     changed during the look three times running (someone else sent it again meanwhile: the keys looked at are not
     all its keys); whatever the transport raises when the platform gives no usable answer propagates (e.g.
     ``HttpTransportError``): nothing is decided then. A lookup that finds nothing proves nothing
@@ -359,15 +360,18 @@ def _look_under_every_key(
         epochs = [e for e in epochs if e != (it.resend_epoch, it.fence_epoch)]
         why = f"not under {next_key}: a fenced lookup would tombstone the key this move sends under again"
     looked: list[str] = []
+    named: dict[str, str] = {}  # the object the person named, where it was found: {"remote_id", "platform_key"}
     for resend_epoch, fence_epoch in epochs:
         platform_key = platform_idempotency_key(it.key, resend_epoch, fence_epoch)
         res = lookup_answer(transport, it.key, resend_epoch, fence_epoch)
         looked.append(platform_key)
-        if isinstance(res, Found) and (despite is None or res.remote_id != despite):
-            raise FoundOnPlatform(it.key, res.remote_id, platform_key)
+        if isinstance(res, Found):
+            if despite is None or res.remote_id != despite:
+                raise FoundOnPlatform(it.key, res.remote_id, platform_key)
+            named = {"remote_id": res.remote_id, "platform_key": platform_key}
         if isinstance(res, Unsupported):
             return {"looked_up": looked[:-1], "why": f"the platform cannot look up by key: {res.reason}"}
-    return {"looked_up": looked, "why": why}
+    return {"looked_up": looked, "why": why} | ({"despite_found": named} if named else {})
 
 
 MAX_EVIDENCE_BYTES = 16 * 1024
