@@ -102,6 +102,10 @@ def test_despite_object_goes_ahead_past_the_object_it_names_and_no_other(capsys,
     base = ["--json", "resend", it.key, "--operator", "alice", "--platform-config", cfg, "--database-url", url]
     rc, out, _ = run_cli(capsys, *base, "--despite-object", "another-id")
     assert rc == EXIT_REFUSED and json.loads(out)["on_record"]["remote_id"] == remote_id
+    # from a new user's trial: the hint said which id they named wrongly, and its resolve reads the object back
+    hint = json.loads(out)["hint"]
+    assert hint.startswith("another-id is not the object on record")
+    assert f"--published {remote_id} --platform-config FILE" in hint
     rc, out, _ = run_cli(capsys, *base, "--despite-object", remote_id)
     assert rc == EXIT_OK, out
     assert json.loads(out)["lookup"]["despite_found"] == {
@@ -158,3 +162,18 @@ def test_a_bulk_settle_whose_store_gives_no_answer_exits_3_as_a_single_resend_do
     monkeypatch.undo()
     rc, out, _ = run_cli(capsys, "--json", "resend", it.key, "--operator", "alice", "--database-url", url)
     assert rc == EXIT_OK  # nothing was written: it is still parked for the next run
+
+
+def test_the_settle_dry_run_counts_what_would_move_and_what_would_be_refused(capsys, cli_db):
+    """From a new user's trial: ``settle --state parked --as park`` listed every row as "no park from parked" and
+    ended "2 intent(s) selected; ... add --yes to settle them", which then refused them all."""
+    url, store = cli_db
+    for i in range(2):
+        to_state(store, STATE.parked, text=f"parked {i}")
+    base = ["settle", "--state", "parked", "--operator", "alice", "--reason", "r", "--database-url", url]
+    rc, out, _ = run_cli(capsys, *base, "--as", "park")
+    assert rc == EXIT_OK
+    assert out.splitlines()[-1].startswith("2 intent(s) selected: 0 would move, 2 would be refused (no park from")
+    rc, out, _ = run_cli(capsys, *base, "--as", "resend")
+    assert out.splitlines()[-1].startswith("2 intent(s) selected: 2 would move; nothing settled")
+    assert {store.get(k.key).state for k in store.list_intents(state=STATE.parked)} == {STATE.parked}

@@ -54,7 +54,7 @@ def test_without_a_platform_config_each_resent_intent_says_it_was_not_looked_up(
         "--reason", "r", "--yes", "--database-url", url,
     )  # fmt: skip
     assert rc == EXIT_OK and store.get(b.key).state == "pending"
-    assert out.splitlines()[-1] == "1 sent again NOT looked up on the platform first: no --platform-config"
+    assert out.splitlines()[-1] == "1 to be sent again NOT looked up on the platform first: no --platform-config"
 
 
 def test_parking_looks_nothing_up(capsys, cli_on_json_server):

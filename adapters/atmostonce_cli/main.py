@@ -994,7 +994,7 @@ def cmd_claim_show(args) -> int:
 
 
 def cmd_settle(args) -> int:
-    from atmostonce_console.settle import select, settle, would
+    from atmostonce_console.settle import SETTLE_MOVES, select, sends_again, settle, would
 
     operator = _operator(args)
     check_text("reason", args.reason)
@@ -1020,7 +1020,19 @@ def cmd_settle(args) -> int:
             for p in plan
         ]
         text = _table(rows, ["key", "state", "account", "kind", "target", "move"])
-        text += f"\n{len(plan)} intent(s) selected; nothing settled (dry run): add --yes to settle them"
+        movable = sum(1 for p in plan if p["to"] and not p["on_record"])
+        on_record = sum(1 for p in plan if p["to"] and p["on_record"])
+        counts = f"{movable} would move" + (f", {on_record} would be left (object on record)" if on_record else "")
+        if len(plan) - movable - on_record:
+            counts += f", {len(plan) - movable - on_record} would be refused (no {args.as_} from their state)"
+        looks = (
+            " after a look at the platform"
+            if args.platform_config and sends_again(store.table, SETTLE_MOVES[args.as_])
+            else ""
+        )
+        text += (
+            f"\n{len(plan)} intent(s) selected: {counts}; nothing settled (dry run): add --yes to settle them{looks}"
+        )
         _emit(args, {"dry_run": True, "selected": plan}, text)
         return EXIT_OK
     transport = _platform(args) if args.platform_config else None
@@ -1067,7 +1079,8 @@ def cmd_settle(args) -> int:
                 f"{r.found['recorded_as'].replace('_', ' ')})"
             )
             lines.append(
-                f"{r.key[:16]}  {where}; nothing written (record it: resolve --published {r.found['remote_id']})"
+                f"{r.key[:16]}  {where}; nothing written "
+                f"(record it: resolve --published {r.found['remote_id']} --platform-config FILE)"
             )
         elif r.refused:
             lines.append(f"{r.key[:16]}  refused by {r.refused['guard']} (state {r.refused['state']})")
@@ -1077,9 +1090,11 @@ def cmd_settle(args) -> int:
     lines.append(f"{moved} of {len(results)} settled as {args.as_} by {operator}")
     unlooked = [r for r in results if r.result == "moved" and r.lookup is not None and r.lookup["why"] is not None]
     if unlooked and transport is None:
-        lines.append(f"{len(unlooked)} sent again NOT looked up on the platform first: no --platform-config")
+        lines.append(f"{len(unlooked)} to be sent again NOT looked up on the platform first: no --platform-config")
     elif unlooked:
-        lines.append(f"{len(unlooked)} sent again with a key NOT looked up on the platform first (--json: lookup.why)")
+        lines.append(
+            f"{len(unlooked)} to be sent again with a key NOT looked up on the platform first (--json: lookup.why)"
+        )
     unanswered = sum(r.lookup_failed for r in results)
     if unanswered:
         lines.append(f"{unanswered} left as they were: the platform gave no usable answer to their lookup (exit 3)")
@@ -1512,10 +1527,13 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
         return _fail(args, f"refused: {exc}\nhint: {hint}", {"found": exc.as_dict(), "hint": hint}, EXIT_REFUSED)
     except ObjectOnRecord as exc:
+        named = getattr(args, "despite_object", None)
         hint = (
-            f"a send of it made object {exc.remote_id}: record it with atmostonce resolve {exc.key[:16]} "
-            f"--operator NAME --published {exc.remote_id}; to send another copy anyway (the object is wrong or "
-            f"was deleted), run the command again with --despite-object {exc.remote_id}"
+            (f"{named} is not the object on record; " if named else "")
+            + f"a send of it made object {exc.remote_id}: record it with atmostonce resolve {exc.key[:16]} "
+            f"--operator NAME --published {exc.remote_id} --platform-config FILE (it reads the object back first: "
+            f"an object that differs from the request is refused); to send another copy anyway (the object is "
+            f"wrong or was deleted), run the command again with --despite-object {exc.remote_id}"
         )
         doc = {"on_record": exc.as_dict(), "hint": hint}
         return _fail(args, f"refused: {exc}\nhint: {hint}", doc, EXIT_REFUSED)
