@@ -58,6 +58,7 @@ CALLERS: dict[tuple[str, str], type] = {
     ("runtime.py", "look_before_sending_again"): OperatorStore,  # `resend`, `resolve --not-sent`: CLI, console
     ("runtime.py", "_look_under_every_key"): OperatorStore,  # its helper
     ("runtime.py", "check_before_sending_again"): OperatorStore,  # both of the above, for the same moves
+    ("runtime.py", "objects_on_record"): MaintenanceStore,  # late outcomes and the intent's id, for those moves
     ("runtime.py", "refuse_if_object_on_record"): OperatorStore,  # the same moves: an object already on record
     ("service.py", "*"): IntakeStore,
     ("aio.py", "*"): IntakeStore,

@@ -87,7 +87,7 @@ def would(store: OperatorStore, intents: Iterable[Intent], as_: str) -> list[dic
     the store records as made by a send of it (its ``remote_id``, late successes' ids): settling it will be
     refused (``found``; record the object with resolve as published). Guards are not predicted: the store
     decides them at settle time, and the platform is not asked."""
-    from atmostonce.runtime import late_remote_ids
+    from atmostonce.runtime import objects_on_record
 
     ev = store.table.event(_event(as_))
     again = sends_again(store.table, ev.name)
@@ -95,7 +95,7 @@ def would(store: OperatorStore, intents: Iterable[Intent], as_: str) -> list[dic
     for it in intents:
         on_record: list[str] = []
         if again and it.state in ev.sources:
-            on_record = list(dict.fromkeys([*late_remote_ids(store, it.key), *filter(None, [it.remote_id])]))
+            on_record = list(dict.fromkeys(remote_id for remote_id, _ in objects_on_record(store, it)))
         out.append(
             {
                 "key": it.key,

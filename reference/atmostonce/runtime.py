@@ -292,13 +292,19 @@ def refuse_if_object_on_record(store: OperatorStore, key: str, event: str, despi
         refused = IllegalMove(event, key, SOURCE_STATE, it.state)
         observe.log_refusal(refused)  # counted by guard, as the store's own refusal would have been
         raise refused
-    on_record = [(remote_id, "late_outcome") for remote_id in late_remote_ids(store, key)]
-    if it.remote_id is not None:
-        on_record.append((it.remote_id, "remote_id"))
-    for remote_id, recorded_as in reversed(on_record):
+    for remote_id, recorded_as in reversed(objects_on_record(store, it)):
         if remote_id != despite:
             raise ObjectOnRecord(key, remote_id, recorded_as)
     return it.plan
+
+
+def objects_on_record(store: object, it: Intent) -> list[tuple[str, str]]:
+    """The objects the store records as made by a send of intent ``it``: ``(remote_id, recorded_as)`` pairs, the
+    late successes' ids first (``late_outcome``, oldest first), then the intent's ``remote_id`` (``remote_id``)."""
+    on_record = [(remote_id, "late_outcome") for remote_id in late_remote_ids(store, it.key)]
+    if it.remote_id is not None:
+        on_record.append((it.remote_id, "remote_id"))
+    return on_record
 
 
 def check_before_sending_again(
